@@ -1,0 +1,75 @@
+# perflab: every command a user runs. `make help` lists them.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+STAMP := $(VENV)/.installed
+SIZE ?= small
+export PYTHONUNBUFFERED := 1
+
+.PHONY: bundle demo-class help setup data test test-fast lint demo bench bench-verify bench-grade labs labs-check lab sync calibrate report clean
+
+help:  ## list the commands
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[labs,dev,ray]'
+	$(PYTHON) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $@
+
+setup: $(STAMP) data  ## make .venv, install perflab editable with its extras, build the tiny and small data sets
+
+data: $(STAMP)  ## build the tiny and small synthetic data sets (seeded, verified against the manifest)
+	$(BIN)/perflab dataset build --size tiny
+	$(BIN)/perflab dataset build --size small
+
+test: setup  ## set up, then run the whole test suite
+	$(BIN)/pytest -q
+
+test-fast: setup  ## unit tests only (skips notebook and pipeline runs)
+	$(BIN)/pytest -q -m "not slow"
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check perflab tests bench datasets autograder/*.py
+
+demo: setup  ## profile the ResNet-18 baseline on the small data set
+	$(BIN)/perflab profile --size small
+
+bench: setup  ## perflab.timing against torch.utils.benchmark on the same function
+	$(PYTHON) bench/bench_timing.py
+
+clean:  ## remove built data and caches (keeps .venv)
+	rm -rf datasets/build .pytest_cache
+
+labs: $(STAMP)  ## regenerate the student notebooks in labs/ from solutions/ with nbgrader
+	$(PYTHON) -m perflab.labs.build generate
+
+lab: $(STAMP)  ## run one lab top to bottom and time it: make lab LAB=lab01_measure [MODE=laptop]
+	$(PYTHON) -m perflab.labs.build run $(LAB) $(if $(MODE),--mode $(MODE))
+
+labs-check: $(STAMP)  ## fail if a jupytext twin or a student copy in labs/ is stale
+	$(PYTHON) -m perflab.labs.build check
+
+sync: $(STAMP)  ## rewrite each solutions/ notebook from its jupytext .py twin
+	$(PYTHON) -m perflab.labs.build sync
+
+bench-verify: setup  ## accuracy study of the speedup-verification protocol (prints a table)
+	$(PYTHON) bench/bench_verify.py
+
+bench-grade: setup  ## grading throughput: serial, local pool, Ray
+	$(PYTHON) bench/bench_grade.py
+
+report: $(STAMP)  ## render every results/*.json into report.html (figures also as PNG in report_figs/)
+	$(BIN)/perflab report results/*.json -o report.html --png-dir report_figs
+
+bundle: $(STAMP)  ## the student distribution dist/perflab-student.zip (labs, package, data recipe; no solutions)
+	$(PYTHON) -m perflab.bundle
+
+demo-class: setup  ## grade a demo class of synthetic students on every lab, with reports: make demo-class [LABS=lab01_measure] [MODE=tiny]
+	$(PYTHON) -m perflab.demo $(if $(LABS),--labs $(LABS)) $(if $(MODE),--mode $(MODE))
+
+calibrate: setup  ## measure reference speedups on this machine and write autograder/expectations/
+	$(BIN)/perflab calibrate

@@ -1,0 +1,55 @@
+"""The `perflab` command. Each subcommand lives in its own module here and registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Subcommand modules, in the order `perflab --help` lists them. Each has `register(subparsers)`.
+COMMANDS = ("env", "dataset", "profile", "calibrate", "report", "grade")
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perflab",
+        description="Profile and speed up PyTorch training; the reference profiler of the perflab course kit.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"perflab.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"perflab.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from perflab.results import ResultsError
+
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, ValueError, FileNotFoundError, ResultsError) as exc:
+        print(f"perflab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"perflab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The machine in front of us: device choice, synchronisation, and a description stored with every measurement."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DEVICE_KINDS = ("cuda", "mps", "cpu")
+
+# CPU flags that change what mixed precision can give (bf16 matmuls in hardware).
+_BF16_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
+
+
+def pick_device(preferred: str | None = None) -> torch.device:
+    """The device to run on: `preferred` if given (and available), else CUDA, then MPS, then CPU."""
+    if preferred:
+        try:
+            kind = torch.device(preferred).type
+        except RuntimeError:
+            kind = preferred
+        if kind not in DEVICE_KINDS:
+            raise ValueError(f"device: {preferred!r} is not one of {', '.join(DEVICE_KINDS)}")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device: 'cuda' was asked for but no CUDA device is visible")
+        if kind == "mps" and not _mps_available():
+            raise ValueError("device: 'mps' was asked for but this machine has no MPS device")
+        return torch.device(preferred)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend and backend.is_available())
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued work on `device` to finish (a no-op on CPU)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where unavailable, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """What produced a number: stored beside every measurement so results from different machines never mix silently."""
+
+    device: str
+    device_name: str
+    hardware_class: str
+    cpu_model: str
+    cpu_count: int
+    cpu_bf16: bool
+    threads: int
+    gpu_memory_bytes: int | None
+    python: str
+    torch: str
+    torchvision: str
+    cuda: str | None
+    cudnn: int | None
+    tf32_matmul: bool
+    tf32_cudnn: bool
+    cudnn_benchmark: bool
+    platform: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MachineInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def describe(self) -> str:
+        """A few lines for a terminal or a notebook."""
+        lines = [
+            f"device        {self.device} ({self.device_name})",
+            f"class         {self.hardware_class}",
+            f"cpu           {self.cpu_model}, {self.cpu_count} cores, torch threads {self.threads}, "
+            f"bf16 in hardware: {'yes' if self.cpu_bf16 else 'no'}",
+            f"software      python {self.python}, torch {self.torch}, torchvision {self.torchvision}"
+            + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.cuda else ""),
+            f"settings      TF32 matmul {self.tf32_matmul}, TF32 cuDNN {self.tf32_cudnn}, "
+            f"cudnn.benchmark {self.cudnn_benchmark}",
+        ]
+        if self.gpu_memory_bytes:
+            lines.insert(1, f"gpu memory    {self.gpu_memory_bytes / 2**30:.1f} GiB")
+        return "\n".join(lines)
+
+
+def hardware_class(device: torch.device, name: str, bf16: bool) -> str:
+    """A short stable key for calibrated expectations: a GPU model, MPS, or a CPU with/without bf16 hardware."""
+    if device.type == "cuda":
+        return "cuda-" + "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    if device.type == "mps":
+        return "mps"
+    return "cpu-bf16" if bf16 else "cpu"
+
+
+def machine_info(device: torch.device | str | None = None) -> MachineInfo:
+    """Describe this machine and the torch settings that change numbers."""
+    dev = pick_device(str(device) if device is not None else None)
+    flags = cpu_flags()
+    bf16 = any(flag in flags for flag in _BF16_CPU_FLAGS)
+    cpu_name = cpu_model()
+    gpu_mem = None
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        name, gpu_mem = props.name, int(props.total_memory)
+    elif dev.type == "mps":
+        name = "Apple MPS"
+    else:
+        name = cpu_name
+    try:
+        import torchvision
+
+        tv_version = torchvision.__version__
+    except ImportError:  # pragma: no cover - torchvision is a pinned dependency
+        tv_version = "missing"
+    return MachineInfo(
+        device=dev.type,
+        device_name=name,
+        hardware_class=hardware_class(dev, name, bf16),
+        cpu_model=cpu_name,
+        cpu_count=os.cpu_count() or 1,
+        cpu_bf16=bf16,
+        threads=torch.get_num_threads(),
+        gpu_memory_bytes=gpu_mem,
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        torchvision=tv_version,
+        cuda=torch.version.cuda if torch.cuda.is_available() else None,
+        cudnn=torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+        tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        platform=platform.platform(),
+    )
+
+
+def set_threads(n: int | None) -> int:
+    """Fix torch's intra-op thread count (None keeps it) and return the count in force."""
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"threads: must be at least 1, got {n}")
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def supports_autocast(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch.autocast can run `dtype` on this device type here."""
+    if dtype == torch.float32:
+        return True
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return False
+        if dtype == torch.bfloat16:
+            return torch.cuda.is_bf16_supported()
+        return dtype == torch.float16
+    if device_type == "mps":
+        return dtype in (torch.float16, torch.bfloat16) and _mps_available()
+    if device_type == "cpu":
+        # CPU autocast runs bf16 everywhere (emulated without AMX/AVX-512-BF16) and fp16 from torch 2.x;
+        # fp16 on CPU is slow and not what the labs teach, so only bf16 counts as supported.
+        return dtype == torch.bfloat16
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Run modes: how big a lab's work is (see DESIGN.md, "How the labs run").
+
+MODES = ("tiny", "laptop", "full", "grade")
+
+
+@dataclass(frozen=True)
+class ModeSizes:
+    """The sizes a mode gives a lab: which data set, image side, batch, and how many steps to time."""
+
+    mode: str
+    data: str
+    image_size: int
+    batch_size: int
+    steps: int
+
+
+_MODE_SIZES = {
+    "tiny": ModeSizes("tiny", data="tiny", image_size=32, batch_size=8, steps=3),
+    "laptop": ModeSizes("laptop", data="small", image_size=64, batch_size=32, steps=20),
+    "full": ModeSizes("full", data="full", image_size=224, batch_size=128, steps=100),
+    "grade": ModeSizes("grade", data="tiny", image_size=32, batch_size=8, steps=3),
+}
+
+
+def run_mode() -> str:
+    """The mode in force: PERFLAB_MODE, else 'grade' under nbgrader autograde, else 'full' on a GPU, else 'laptop'."""
+    mode = os.environ.get("PERFLAB_MODE", "").strip().lower()
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"PERFLAB_MODE: {mode!r} is not one of {', '.join(MODES)}")
+        return mode
+    if os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        return "grade"
+    return "full" if torch.cuda.is_available() else "laptop"
+
+
+def mode_sizes(mode: str | None = None) -> ModeSizes:
+    """The sizes of `mode` (default: the mode in force)."""
+    mode = mode or run_mode()
+    if mode not in _MODE_SIZES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    return _MODE_SIZES[mode]

@@ -1,0 +1,1 @@
+"""The autograder: nbgrader plumbing (`nbgrader_api`) and the pipeline behind `perflab grade`."""

@@ -1,0 +1,240 @@
+"""What can be told about a submission before it runs: is it a notebook, are its graded cells
+there, was a locked cell edited, does its code patch the clock or perflab, does it hard-code a claim.
+
+`inspect_submission(raw_bytes, release)` returns the notebook to grade (upgraded to nbformat 4)
+or None, and `Finding`s. A finding is a line for the student's feedback; `flag=True` findings
+mark the submission for an instructor's review; `fatal=True` means there is nothing to run.
+None of this decides a score by itself: scores come from running the restored tests, and
+claimed speedups are re-measured in a fresh process whatever the notebook says.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+# Modules whose attributes a notebook must not reassign: the clocks timing reads, and perflab.
+GUARDED = ("time", "timeit", "perflab", "torch.cuda", "torch.mps", "torch.utils.benchmark",
+           "builtins", "sys.modules", "datetime")
+# A name that holds a claimed figure: assigning it a literal number is a hard-coded claim.
+CLAIM_NAME = re.compile(r"speed_?up|claim", re.IGNORECASE)
+_MAGIC = re.compile(r"^\s*[%!]")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing noticed about a submission, in words a student can act on."""
+
+    cell: str  # a grade id, or "cell N" (1-based) for a cell without one, or "notebook"
+    message: str
+    flag: bool = False
+    fatal: bool = False
+
+    def line(self) -> str:
+        return f"{self.cell}: {self.message}" if self.cell != "notebook" else self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cell": self.cell, "message": self.message, "flag": self.flag, "fatal": self.fatal}
+
+
+def grade_id(cell: Any) -> str | None:
+    return (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+
+
+def inspect_submission(raw: bytes, release: Any) -> tuple[Any | None, list[Finding]]:
+    """Read a submitted notebook and compare it with the released one (an nbformat v4 node)."""
+    import nbformat
+
+    findings: list[Finding] = []
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, [Finding("notebook", f"the file is not a notebook (not UTF-8 text: {exc.reason} at byte "
+                              f"{exc.start}); download it again from Jupyter (File > Download) and resubmit",
+                              fatal=True)]
+    except json.JSONDecodeError as exc:
+        return None, [Finding("notebook", f"the file is not a notebook (not valid JSON: {exc.msg} at line "
+                              f"{exc.lineno} column {exc.colno}); download it again from Jupyter "
+                              "(File > Download) and resubmit", fatal=True)]
+    if not isinstance(doc, dict) or not ("cells" in doc or "worksheets" in doc):
+        return None, [Finding("notebook", "the file is JSON but not a Jupyter notebook (it has no cells); "
+                              "submit the lab's .ipynb file", fatal=True)]
+    version = doc.get("nbformat")
+    if not isinstance(version, int) or version > 4 or version < 3:
+        return None, [Finding("notebook", f"unsupported notebook format nbformat={version!r} "
+                              "(expected 4); save it with a current Jupyter and resubmit", fatal=True)]
+    try:
+        nb = nbformat.reads(json.dumps(doc), as_version=4)
+    except Exception as exc:  # nbformat raises a handful of types for malformed documents
+        return None, [Finding("notebook", f"the notebook could not be read ({type(exc).__name__}: {exc}); "
+                              "resubmit the lab's .ipynb file", fatal=True)]
+    if version < 4:
+        findings.append(Finding("notebook", f"saved in the old nbformat {version}; converted to nbformat 4 "
+                                "before grading"))
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        findings.append(Finding("notebook", f"the notebook does not follow the nbformat schema "
+                                f"({str(exc.message)[:120]}); graded as far as it could be read"))
+    findings += _compare_cells(nb, release)
+    findings += scan_notebook(nb, release)
+    _demote_duplicates(nb)
+    return nb, findings
+
+
+def _demote_duplicates(nb: Any) -> None:
+    """Later copies of a graded cell become ordinary cells (nbgrader cannot grade duplicates)."""
+    seen: set[str] = set()
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if gid in seen:
+            del cell.metadata["nbgrader"]
+        elif gid:
+            seen.add(gid)
+
+
+def _compare_cells(nb: Any, release: Any) -> list[Finding]:
+    out: list[Finding] = []
+    released = {grade_id(c): c for c in release.cells if grade_id(c)}
+    counts = Counter(grade_id(c) for c in nb.cells if grade_id(c))
+    for gid, cell in released.items():
+        meta = cell.metadata.nbgrader
+        if counts[gid] == 0:
+            what = "graded cell" if meta.get("grade") else "answer cell"
+            out.append(Finding(gid, f"the {what} was deleted (or its nbgrader metadata removed); "
+                               "it scores 0", flag=bool(meta.get("locked"))))
+        elif counts[gid] > 1:
+            out.append(Finding(gid, f"the cell appears {counts[gid]} times; the first copy was graded, "
+                               "the others ran as ordinary code"))
+    seen: set[str] = set()
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if not gid or gid in seen or gid not in released:
+            continue
+        seen.add(gid)
+        original = released[gid]
+        if original.metadata.nbgrader.get("locked") and cell.source.strip() != original.source.strip():
+            out.append(Finding(gid, "this locked cell was edited; the original was restored before grading",
+                               flag=True))
+    for gid in counts:
+        if gid not in released:
+            out.append(Finding(gid, "a cell carries a grade id the lab does not have; it ran as ordinary code"))
+    return out
+
+
+def scan_notebook(nb: Any, release: Any) -> list[Finding]:
+    """Static checks of the code a student could edit (cells not locked in the release)."""
+    locked = {grade_id(c) for c in release.cells if grade_id(c) and c.metadata.nbgrader.get("locked")}
+    out: list[Finding] = []
+    for index, cell in enumerate(nb.cells, start=1):
+        if cell.cell_type != "code" or (grade_id(cell) in locked):
+            continue
+        name = grade_id(cell) or f"cell {index}"
+        out += [Finding(name, message, flag=True) for message in scan_code(cell.source)]
+    return out
+
+
+def scan_code(source: str) -> list[str]:
+    """Messages for clock or perflab patching and hard-coded claims in one cell's code."""
+    text = "\n".join("pass" if _MAGIC.match(line) else line for line in source.splitlines())
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    aliases = _aliases(tree)
+    messages: list[str] = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        elif isinstance(node, ast.AugAssign):  # `x *= 10` patches if x is guarded; it types in no claim
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        for target in targets:
+            dotted = _dotted(target, aliases)
+            if dotted and isinstance(target, (ast.Attribute, ast.Subscript)) and _guarded(dotted):
+                messages.append(f"the code replaces {dotted}; timing and perflab must not be patched "
+                                "(the autograder re-measures in a fresh process, and flags this)")
+            if value is not None and _literal_number(value) and CLAIM_NAME.search(_name_of(target)):
+                messages.append(f"the claim {_name_of(target)} is a typed-in number "
+                                f"({ast.unparse(value)}); compute it from your own measurement "
+                                "(the autograder re-measures it and flags this)")
+        if isinstance(node, ast.Call):
+            func = _dotted(node.func, aliases) or ""
+            if func in ("setattr", "delattr") and node.args:
+                owner = _dotted(node.args[0], aliases)
+                if owner and _guarded(owner + "."):
+                    messages.append(f"the code calls {func} on {owner}; timing and perflab must not be patched")
+            if func.endswith("patch") or func.endswith("patch.object") or func.endswith(".setattr"):
+                names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                owner = _dotted(node.args[0], aliases) if node.args else None
+                if any(_guarded(n) for n in names) or (owner and _guarded(owner + ".")):
+                    messages.append(f"the code patches {names[0] if names else owner} with {func}")
+        if isinstance(node, ast.Dict):
+            for key, val in zip(node.keys, node.values, strict=True):
+                if (isinstance(key, ast.Constant) and isinstance(key.value, str)
+                        and CLAIM_NAME.search(key.value) and _literal_number(val)):
+                    messages.append(f"the claim {key.value!r} is a typed-in number ({ast.unparse(val)}); "
+                                    "compute it from your own measurement (the autograder re-measures it)")
+    return list(dict.fromkeys(messages))
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> the module or object it stands for (`import time as t` gives t -> time)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    out[alias.asname] = alias.name
+                else:
+                    out[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return out
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    parts: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+            parts.append(str(key.value) if isinstance(key, ast.Constant) else "[...]")
+            node = node.value
+        elif isinstance(node, ast.Name):
+            parts.append(aliases.get(node.id, node.id))
+            return ".".join(reversed(parts))
+        else:
+            return None
+
+
+def _guarded(dotted: str) -> bool:
+    return any(dotted == g or dotted.startswith(g + ".") for g in GUARDED) and "." in dotted
+
+
+def _literal_number(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _name_of(target: ast.AST) -> str:
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant):
+        return str(target.slice.value)
+    return ""

@@ -1,0 +1,120 @@
+"""Grades out of the course folder: CSV and JSON per cell, per lab, per student; and `status`.
+
+CSV (`grades.csv`), one row per graded cell of each submission, in this column order:
+
+    student         the student id (from collect)
+    lab             the lab (nbgrader assignment), e.g. lab01_measure
+    cell            the grade cell's id in the lab notebook
+    score           points given: a person's manual score where one was entered in the gradebook,
+                    else the autograder's; empty while a written answer waits for a person
+    max_score       points the cell is worth
+    verdict         pass | fail | inconclusive from the cell's re-measurement of a claimed
+                    speedup (perflab's verification record); empty for cells that time nothing
+    speedup         the re-measured speedup (x), empty if none
+    hardware_class  the class of the machine that graded (perflab.env.MachineInfo.hardware_class)
+    flagged         1 if the submission is flagged for review (tampering, a typed-in claim,
+                    an inconclusive verification), else 0; the same on every row of a submission
+    error           why the cell scored 0, when it did for a reason other than a plain failed
+                    test (the notebook could not be read, the kernel died, the time limit...),
+                    or the first error the cell raised; empty when it passed
+
+JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
+"submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
+"inconclusive"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from perflab.grading.state import Record, State
+
+COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "speedup", "hardware_class",
+           "flagged", "error")
+
+
+def manual_scores(course: Path) -> dict[tuple[str, str, str], float]:
+    """(lab, student, cell) -> a manual score a person entered in the gradebook."""
+    from nbgrader.api import Gradebook
+
+    out: dict[tuple[str, str, str], float] = {}
+    db = Path(course) / "gradebook.db"
+    if not db.is_file():
+        return out
+    with Gradebook(f"sqlite:///{db}", "perflab") as gb:
+        for assignment in gb.assignments:
+            for submission in assignment.submissions:
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        if grade.manual_score is not None:
+                            out[(assignment.name, submission.student.id, grade.name)] = float(grade.manual_score)
+    return out
+
+
+def rows(records: Iterable[Record], manual: dict[tuple[str, str, str], float] | None = None) -> list[dict[str, Any]]:
+    manual = manual or {}
+    out = []
+    for rec in sorted(records, key=lambda r: (r.student, r.lab)):
+        for cell in rec.cells:
+            score = manual.get((rec.lab, rec.student, cell.grade_id), cell.score)
+            out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id, "score": score,
+                        "max_score": cell.max_score, "verdict": cell.verdict, "speedup": cell.speedup,
+                        "hardware_class": cell.hardware_class, "flagged": int(rec.flagged),
+                        "error": cell.error})
+    return out
+
+
+def export(course: Path, out_dir: Path | None = None, labs=None, students=None) -> tuple[Path, Path]:
+    """Write grades.csv and grades.json (default: <course>/export/); returns their paths."""
+    course = Path(course).resolve()
+    state = State.load(course)
+    records = [r for r in state.records.values()
+               if (not labs or r.lab in labs) and (not students or r.student in students)]
+    manual = manual_scores(course)
+    table = rows(records, manual)
+    out_dir = Path(out_dir) if out_dir else course / "export"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out_dir / "grades.csv", out_dir / "grades.json"
+    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in table:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    submissions, students_out = [], {}
+    for rec in sorted(records, key=lambda r: (r.student, r.lab)):
+        score = sum(r["score"] or 0.0 for r in table if r["student"] == rec.student and r["lab"] == rec.lab)
+        submissions.append({"student": rec.student, "lab": rec.lab, "score": score, "max_score": rec.max_score,
+                            "outcome": rec.outcome, "flagged": rec.flagged, "flags": list(rec.flags),
+                            "notes": list(rec.notes), "inconclusive": rec.inconclusive})
+        entry = students_out.setdefault(rec.student, {"score": 0.0, "max_score": 0.0, "labs": {}})
+        entry["score"] += score
+        entry["max_score"] += rec.max_score
+        entry["labs"][rec.lab] = score
+    doc = {"schema": "perflab.grades", "version": 1, "columns": list(COLUMNS), "rows": table,
+           "submissions": submissions, "students": students_out}
+    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    return csv_path, json_path
+
+
+def status(course: Path) -> dict[str, list[str]]:
+    """Submissions by state: pending (collected, not graded in this version), graded, failed,
+    inconclusive, flagged (the last two overlap graded)."""
+    from perflab.grading.pipeline import submissions
+
+    course = Path(course).resolve()
+    state = State.load(course)
+    out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": []}
+    for job in submissions(course):
+        if not state.done(job.lab, job.student, job.sha256):
+            out["pending"].append(f"{job.lab}/{job.student}")
+    for rec in sorted(state.records.values(), key=lambda r: r.key):
+        out["failed" if rec.outcome == "failed" else "graded"].append(rec.key)
+        if rec.inconclusive:
+            out["inconclusive"].append(rec.key)
+        if rec.flagged:
+            out["flagged"].append(rec.key)
+    return out

@@ -1,0 +1,447 @@
+"""Run one command in a sandbox: its own folder, resource limits, no network, nothing else in reach.
+
+    run(argv, workdir=..., limits=Limits(wall_s=60), hide=[course, solutions]) -> SandboxRun
+
+How strong the sandbox is depends on what the OS allows, and `isolation()` says which applies:
+
+    root     running as root: new network, mount and PID namespaces (`unshare`), the folders in
+             `hide` covered by empty read-only tmpfs mounts, a private /tmp, /var/tmp and /dev/shm,
+             then the command runs as the unprivileged user `perflab-sandbox` (created on first
+             use), which owns only `workdir`. RLIMIT_NPROC counts that user's processes.
+    userns   not root, but unprivileged user namespaces work: the same namespaces and mounts, the
+             command keeps the caller's uid (so RLIMIT_NPROC counts the caller's processes).
+    none     neither: limits and a process tree killed on timeout, but the network stays reachable
+             and nothing is hidden; said once in the log as a warning.
+
+Limits (setrlimit, inherited by every process the command starts): address space (RLIMIT_AS),
+process count (RLIMIT_NPROC), file size (RLIMIT_FSIZE), and a wall clock enforced from outside
+(the whole PID namespace is killed). The command's result travels back on a private pipe
+(fd number in $PERFLAB_RESULT_FD), never through a file the sandboxed code could rewrite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import pwd
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SANDBOX_USER = "perflab-sandbox"
+# Folders every sandbox gets fresh and empty (world-writable places other students' runs use).
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# The bytes of console output kept from a sandboxed run (its tail; the rest is dropped unread).
+OUTPUT_TAIL_BYTES = 64 * 1024
+# The result pipe carries at most this much (a notebook with capped outputs fits easily).
+RESULT_MAX_BYTES = 64 * 1024 * 1024
+# Concurrent sandboxes on one machine, each under its own uid (RLIMIT_NPROC is counted per uid,
+# so one student's fork bomb cannot starve another's kernel of processes).
+UID_SLOTS = 64
+# Uids of the extra slots: far above any account a system hands out.
+EXTRA_UID_BASE = 1_900_000_000
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed run may use. None switches a limit off."""
+
+    wall_s: float = 900.0
+    # Address space per process: torch's CPU import maps ~1.5 GiB; 8 GiB leaves room for real
+    # training steps while a runaway allocation fails fast. CUDA maps far more: switch it off there.
+    memory_bytes: int | None = 8 * GiB
+    # Processes and threads of the sandbox user (a kernel with torch runs ~40 threads).
+    processes: int | None = 512
+    # Largest file the command may write (a results JSON, a trace, a notebook with capped outputs).
+    file_bytes: int | None = 256 * MiB
+    # CPU cores the run is pinned to (None: all); the local pool gives each job its own.
+    cpus: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.wall_s <= 0:
+            raise ValueError(f"wall_s: must be positive, got {self.wall_s}")
+        for name in ("memory_bytes", "processes", "file_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: must be at least 1 or None, got {value}")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Which sandbox this machine can give (see the module docstring)."""
+
+    kind: str  # root | userns | none
+    notes: tuple[str, ...] = ()
+
+    @property
+    def network_isolated(self) -> bool:
+        return self.kind in ("root", "userns")
+
+
+@dataclass(frozen=True)
+class SandboxRun:
+    """What came back from one sandboxed command."""
+
+    returncode: int
+    timed_out: bool
+    wall_s: float
+    result: bytes  # what the command wrote to $PERFLAB_RESULT_FD
+    output_tail: str  # the end of its stdout and stderr, together
+    isolation: Isolation
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended the command, if one did."""
+        if self.returncode < 0:
+            return -self.returncode
+        return self.returncode - 128 if self.returncode > 128 else None
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """Probe once what this machine allows: root namespaces, user namespaces, or nothing."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return Isolation("none", ("no network isolation: this OS has no unshare(1); "
+                                  "the sandbox only limits resources",))
+    if os.geteuid() == 0:
+        probe = ["unshare", "--net", "--mount", "--pid", "--fork", "true"]
+        kind = "root"
+    else:
+        probe = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "true"]
+        kind = "userns"
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if ok:
+        return Isolation(kind)
+    return Isolation("none", (f"no network isolation: `{' '.join(probe[:-1])}` is not permitted here; "
+                              "the sandbox only limits resources",))
+
+
+def sandbox_user() -> pwd.struct_passwd:
+    """The unprivileged user sandboxed code runs as when perflab runs as root (created if missing)."""
+    try:
+        return pwd.getpwnam(SANDBOX_USER)
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise PermissionError(f"user {SANDBOX_USER!r} does not exist and only root can create it")
+    subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                    "--shell", "/usr/sbin/nologin", SANDBOX_USER], check=True, capture_output=True)
+    log.info("created the unprivileged user %s for sandboxed grading", SANDBOX_USER)
+    return pwd.getpwnam(SANDBOX_USER)
+
+
+def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None, binds: Mapping[str, str] | None = None) -> SandboxRun:
+    """Run `argv` in `workdir` under `limits`, with the folders in `hide` out of reach.
+
+    `binds` maps a host file to a path inside `workdir` where the same file appears (the shared
+    timing lock). The run never raises for what the command does: a crash, a signal or a timeout
+    is described in the returned `SandboxRun`.
+    """
+    iso = isolation()
+    workdir = Path(workdir).resolve()
+    notes = list(iso.notes)
+    uid = gid = None
+    slot = contextlib.ExitStack()
+    if iso.kind == "root":
+        try:
+            user = sandbox_user()
+            uid, gid = slot.enter_context(_uid_slot(workdir.parent, user)), user.pw_gid
+            _chown_tree(workdir, uid, gid)
+        except (OSError, subprocess.CalledProcessError, PermissionError) as exc:
+            notes.append(f"could not drop privileges ({exc}); the sandbox runs as root without a process limit")
+    spec = {
+        "argv": list(argv), "workdir": str(workdir), "uid": uid, "gid": gid,
+        "mounts": iso.kind != "none", "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()],
+        "binds": dict(binds or {}),
+        "expose": _unreachable(needed_paths(), uid, gid) if uid is not None else [],
+        "rlimits": {"AS": limits.memory_bytes, "NPROC": limits.processes, "FSIZE": limits.file_bytes},
+        "cpus": list(limits.cpus) if limits.cpus else None,
+        "env": dict(env or {}),
+    }
+    boot = [sys.executable, "-m", "perflab.grading.sandbox"]
+    if iso.kind == "root":
+        cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", *boot]
+    elif iso.kind == "userns":
+        cmd = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
+               "--kill-child=SIGKILL", "--mount-proc", *boot]
+    else:
+        cmd = boot
+    for note in notes:
+        log.warning("sandbox: %s", note)
+
+    read_fd, write_fd = os.pipe()
+    spec["result_fd"] = write_fd
+    result_chunks: list[bytes] = []
+    tail: deque[bytes] = deque()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent,
+        env={**_base_env(), "PERFLAB_SANDBOX_SPEC": json.dumps(spec)}, cwd=str(workdir))
+    os.close(write_fd)
+    readers = [threading.Thread(target=_drain, args=(read_fd, result_chunks, RESULT_MAX_BYTES), daemon=True),
+               threading.Thread(target=_tail, args=(proc.stdout, tail), daemon=True)]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill(proc)
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=10)
+        with contextlib.suppress(OSError):
+            os.close(read_fd)
+        slot.close()
+    wall = time.perf_counter() - started
+    return SandboxRun(returncode=proc.returncode, timed_out=timed_out, wall_s=wall,
+                      result=b"".join(result_chunks),
+                      output_tail=b"".join(tail).decode("utf-8", "replace"),
+                      isolation=iso, notes=tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side
+
+
+def needed_paths() -> list[Path]:
+    """What any sandboxed grading run must be able to read: this interpreter and perflab."""
+    import perflab
+
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
+             Path(perflab.__file__).resolve().parents[1]}
+    data = os.environ.get("PERFLAB_DATA_DIR")
+    if data and Path(data).is_dir():
+        paths.add(Path(data).resolve())
+    return sorted(paths)
+
+
+def _unreachable(paths: Sequence[Path], uid: int, gid: int) -> list[tuple[str, str]]:
+    """(ancestor, path) for each path that `uid` cannot reach because `ancestor` (the highest
+    folder on its way without search permission for it) is closed; the sandbox mounts a tmpfs
+    over that ancestor and binds only `path` back in."""
+    out = []
+    for path in paths:
+        for ancestor in reversed(path.parents):
+            st = ancestor.stat()
+            bit = 0o010 if st.st_gid == gid else 0o001
+            if st.st_uid != uid and not st.st_mode & bit:
+                out.append((str(ancestor), str(path)))
+                break
+    return out
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+    return {k: os.environ[k] for k in keep if k in os.environ}
+
+
+def _die_with_parent() -> None:
+    """If the process that started the sandbox dies (a killed Ray worker), the sandbox dies too."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _uid_slot(base: Path, user: pwd.struct_passwd):
+    """A uid no other running sandbox has, so each gets its own RLIMIT_NPROC count: the first is
+    `perflab-sandbox` itself, the others numbered uids in its group (held by a lock file)."""
+    import fcntl
+
+    for slot in range(UID_SLOTS):
+        handle = open(base / f".uid-slot-{slot}.lock", "a+")  # noqa: SIM115 (held while the sandbox runs)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield user.pw_uid if slot == 0 else EXTRA_UID_BASE + slot
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+        return
+    raise OSError(f"all {UID_SLOTS} sandbox uids are in use")
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def _drain(fd: int, chunks: list[bytes], limit: int) -> None:
+    size = 0
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            return
+        if not data:
+            return
+        if size < limit:
+            chunks.append(data[: limit - size])
+        size += len(data)
+
+
+def _tail(stream, tail: deque[bytes]) -> None:
+    size = 0
+    for chunk in iter(lambda: stream.read1(1 << 16), b""):
+        tail.append(chunk)
+        size += len(chunk)
+        while size > OUTPUT_TAIL_BYTES and len(tail) > 1:
+            size -= len(tail.popleft())
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the sandbox: its process group, and (without a PID namespace) every descendant."""
+    try:
+        import psutil
+
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(Exception):
+            child.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the namespaces (python -m perflab.grading.sandbox): mounts, limits, drop privileges, run
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def _loopback_up() -> None:
+    """A new network namespace has its loopback down; kernels talk to nbclient over it."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 0x1))  # SIOCSIFFLAGS |= IFF_UP
+
+
+def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
+                   expose: Sequence[tuple[str, str]]) -> None:
+    groups: dict[str, list[str]] = {}
+    for ancestor, path in expose:
+        groups.setdefault(ancestor, []).append(path)
+    for i, (ancestor, paths) in enumerate(groups.items()):
+        staged = []
+        for j, path in enumerate(paths):
+            stage = os.path.join(workdir, ".stage", f"{i}-{j}")
+            os.makedirs(stage)
+            _mount("--rbind", path, stage)
+            staged.append((stage, path))
+        _mount("-t", "tmpfs", "-o", "mode=0755", "perflab-expose", ancestor)
+        for stage, path in staged:
+            os.makedirs(path, exist_ok=True)
+            _mount("--move", stage, path)
+    for src, dst in binds.items():
+        target = os.path.join(workdir, dst)
+        Path(target).touch()
+        _mount("--bind", src, target)
+    for path in hide:
+        _mount("-t", "tmpfs", "-o", "ro,size=64k,mode=0755", "perflab-hidden", path)
+    # What must stay visible inside a private /tmp: the work folder, and the interpreter and the
+    # kit themselves when they live there (a checkout cloned under /tmp, as CI does).
+    keep = _outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2])])
+    for n, tmp in enumerate(PRIVATE_TMP):
+        if not os.path.isdir(tmp):
+            continue
+        inside = [p for p in keep if p == tmp or p.startswith(tmp.rstrip("/") + "/")]
+        if inside:
+            # Mount the fresh tmpfs beside the work folder, bind each kept folder into it at the
+            # same path, then move it over `tmp`: those folders stay, the rest of `tmp` goes.
+            fresh = os.path.join(workdir, f".private-tmp-{n}")
+            os.makedirs(fresh, exist_ok=True)
+            _mount("-t", "tmpfs", "-o", "mode=1777", "perflab-tmp", fresh)
+            for path in inside:
+                inner = os.path.join(fresh, os.path.relpath(path, tmp))
+                os.makedirs(inner, exist_ok=True)
+                _mount("--rbind", path, inner)
+            _mount("--move", fresh, tmp)
+        else:
+            _mount("-t", "tmpfs", "-o", "mode=1777", "perflab-tmp", tmp)
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """The given folders without those inside another one of them."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
+
+
+def _set_limits(rlimits: Mapping[str, int | None]) -> None:
+    for name, value in rlimits.items():
+        if value is not None:
+            kind = getattr(resource, f"RLIMIT_{name}")
+            resource.setrlimit(kind, (value, value))
+
+
+def _boot() -> int:
+    spec = json.loads(os.environ.pop("PERFLAB_SANDBOX_SPEC"))
+    workdir = spec["workdir"]
+    if spec["mounts"]:
+        _isolate_files(workdir, spec["hide"], spec["binds"], spec["expose"])
+        _loopback_up()
+    if spec["cpus"]:
+        os.sched_setaffinity(0, spec["cpus"])
+    if spec["uid"] is not None:
+        os.setgroups([])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+    env = {**os.environ, **spec["env"], "PERFLAB_RESULT_FD": str(spec["result_fd"]),
+           "PERFLAB_SANDBOX_PIDNS": "1" if spec["mounts"] else "0"}
+    _set_limits(spec["rlimits"])
+    child = subprocess.Popen(spec["argv"], cwd=workdir, env=env, pass_fds=(spec["result_fd"],))
+    os.close(spec["result_fd"])
+    # As PID 1 of the namespace this process reaps every orphan until the command ends; its exit
+    # then ends everything left in the namespace.
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 1
+        if pid == child.pid:
+            return os.waitstatus_to_exitcode(status) if status else 0
+
+
+if __name__ == "__main__":
+    code = _boot()
+    sys.exit(128 - code if code < 0 else code)

@@ -1,0 +1,160 @@
+"""What every lab notebook uses: the sizes of the mode in force, an honest statement of what this
+machine can give, saving results beside the notebook, and a progress bar that stays quiet when graded.
+
+    from perflab.labs import common
+    common.setup_notebook()                   # first cell: keep graded cells free of stderr
+    SIZES = common.sizes()                    # ModeSizes of the mode in force (tiny|laptop|full|grade)
+    print(common.hardware_statement("lab01_measure"))
+    for step in common.progress(range(SIZES.steps), desc="train"): ...
+    common.save_results("lab01_measure", {"counts": {...}})   # -> results/lab01_measure.json
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from perflab import env
+
+T = TypeVar("T")
+
+# Results go here, relative to the folder the notebook runs in (nbgrader runs it in the
+# submission's own folder, Jupyter in the notebook's folder).
+RESULTS_DIR = "results"
+
+# kineto, torch.profiler's engine, writes start/stop lines (and on machines without a GPU a
+# harmless "gpuGetDeviceCount failed") straight to the process's stderr; the notebook kernel
+# forwards them into the cell, and nbgrader scores a test cell that wrote stderr 0. Level 6
+# silences it (read when the profiler first starts).
+KINETO_QUIET_LEVEL = "6"
+
+# What a lab asks of the hardware lives in its contract module, `perflab.labs.labNN.HARDWARE_NOTES`:
+# {device kind: the sentence a student reads before trusting a number}.
+LAB_MODULE = re.compile(r"^(lab\d\d)_")
+
+
+def lab_hardware_notes(lab: str | None) -> dict[str, str]:
+    """The HARDWARE_NOTES of `lab`'s contract module (perflab.labs.lab01 for lab01_measure), or none."""
+    match = LAB_MODULE.match(lab or "")
+    if not match:
+        return {}
+    try:
+        module = importlib.import_module(f"perflab.labs.{match.group(1)}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"perflab.labs.{match.group(1)}":
+            raise
+        return {}
+    return dict(getattr(module, "HARDWARE_NOTES", {}))
+
+
+def setup_notebook() -> None:
+    """Call once at the top of a lab: warnings and perflab's log lines go to stdout, and the
+    profiler's native chatter is silenced, so no graded cell fails for text on stderr."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)
+    warnings.showwarning = _warning_to_stdout
+    logger = logging.getLogger("perflab")
+    if not any(getattr(h, "_perflab_lab", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._perflab_lab = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+
+
+def _warning_to_stdout(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                       file: Any = None, line: str | None = None) -> None:
+    sys.stdout.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def sizes(mode: str | None = None) -> env.ModeSizes:
+    """The sizes of `mode` (default: the mode in force): data set, image side, batch, steps."""
+    return env.mode_sizes(mode)
+
+
+def hardware_statement(lab: str | None = None, info: env.MachineInfo | None = None) -> str:
+    """A few lines saying what this machine is and what it can give a lab, for the top of a notebook."""
+    info = info or env.machine_info()
+    mode = env.run_mode()
+    lines = [info.describe(), f"mode          {mode} ({_describe_sizes(sizes(mode))})"]
+    if info.device == "cuda":
+        lines.append("can give     CUDA events for timing, NVML utilisation, pinned-memory copies, "
+                     "GPU augmentation; tensor cores for fp16/bf16 where the GPU has them")
+    elif info.device == "mps":
+        lines.append("can give     an asynchronous Apple GPU (sync before reading a clock), fp16/bf16 "
+                     "autocast; no CUDA events, no pinned-memory effect")
+    else:
+        bf16 = ("bf16 matmuls in hardware (AMX/AVX-512-BF16): mixed precision can pay off"
+                if info.cpu_bf16 else "no bf16 hardware: mixed precision is emulated, expect parity at best")
+        lines.append(f"can give     {info.cpu_count} CPU cores, {bf16}; no GPU-only features "
+                     "(pinned memory, CUDA events, GPU augmentation)")
+    note = lab_hardware_notes(lab).get(info.device)
+    if note:
+        lines.append(f"this lab     {note}")
+    return "\n".join(lines)
+
+
+def _describe_sizes(s: env.ModeSizes) -> str:
+    return f"data {s.data}, images {s.image_size} px, batch {s.batch_size}, {s.steps} steps"
+
+
+def results_path(lab: str, folder: str | os.PathLike[str] | None = None) -> Path:
+    """Where `save_results` writes: results/<lab>.json under `folder` (default: the working folder)."""
+    return Path(folder or Path.cwd()) / RESULTS_DIR / f"{lab}.json"
+
+
+def save_results(lab: str, sections: Mapping[str, Any], *, config: Any = None,
+                 folder: str | os.PathLike[str] | None = None) -> Path:
+    """Validate and write this lab's results (perflab.results schema) beside the notebook; returns the path."""
+    from perflab import results
+
+    return results.save(results_path(lab, folder), lab, sections, config=config)
+
+
+def progress_enabled() -> bool:
+    """Whether a progress bar may draw: never when graded (nbgrader scores a cell that writes stderr
+    0) or in the kit's tiny test runs, and only where someone watches (a terminal or a notebook)."""
+    if env.run_mode() in ("grade", "tiny"):
+        return False
+    return _in_notebook() or sys.stderr.isatty()
+
+
+def _in_notebook() -> bool:
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ip = shell.get_ipython() if hasattr(shell, "get_ipython") else None
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def progress(iterable: Iterable[T], **kwargs: Any) -> Iterable[T]:
+    """tqdm over `iterable` where a bar can help, else the iterable untouched (no output at all)."""
+    if not progress_enabled():
+        return iterable
+    from tqdm.auto import tqdm
+
+    kwargs.setdefault("leave", False)
+    return tqdm(iterable, **kwargs)
+
+
+# Inconclusive verifications: the instructor decides whether they earn the points.
+INCONCLUSIVE_ENV = "PERFLAB_INCONCLUSIVE"
+INCONCLUSIVE_POLICIES = ("credit", "no-credit")
+
+
+def inconclusive_policy() -> str:
+    policy = os.environ.get(INCONCLUSIVE_ENV, "credit").strip().lower()
+    if policy not in INCONCLUSIVE_POLICIES:
+        raise ValueError(f"{INCONCLUSIVE_ENV}: {policy!r} is not one of {', '.join(INCONCLUSIVE_POLICIES)}")
+    return policy
+
+
+def accepted(outcome: str) -> bool:
+    """Whether a verification outcome earns the cell's points under the instructor's policy."""
+    return outcome == "pass" or (outcome == "inconclusive" and inconclusive_policy() == "credit")

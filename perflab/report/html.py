@@ -1,0 +1,614 @@
+"""The student's optimization report as one self-contained HTML page (figures inlined as PNG).
+
+Every section has a stable DOM id (`SECTIONS`); a section whose data no results file holds
+says "not measured" and names what would measure it. Nothing on the page is fetched from
+the network: the CSS is inline, fonts are the reader's own, figures are data: URIs.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perflab.report import figures, markdown
+from perflab.report.model import (
+    LabResults,
+    ResultsSet,
+    is_cumulative,
+    numeric_items,
+    waterfall_steps,
+)
+
+# (DOM id, heading, what measures it when it is missing), in page order.
+SECTIONS = (
+    ("machine", "Machine and settings", "every results file records it"),
+    ("baseline", "Baseline", "lab01_measure or `perflab profile`"),
+    ("speedups", "Speedups", "lab06_together (the cumulative ablation) or labs 02–05"),
+    ("phases", "Step-time breakdown", "lab02_feed, lab06_together or `perflab profile`"),
+    ("memory", "Memory against batch size", "lab04_memory or lab06_together"),
+    ("roofline", "Roofline", "lab01_measure or `perflab profile`"),
+    ("top-ops", "Top operations", "lab01_measure or `perflab profile`"),
+    ("mfu", "Remaining gap to peak (MFU)", "lab06_together or `perflab profile`"),
+    ("verification", "Verification", "the autograder (`perflab grade`)"),
+    ("analysis", "Written analysis", "lab06_together"),
+)
+SECTION_IDS = tuple(s[0] for s in SECTIONS)
+NOT_MEASURED = "not measured"
+
+# perflab.phases.PHASES, repeated so that rendering a report never imports torch (a test checks they agree).
+PHASE_ORDER = ("data", "h2d", "forward", "backward", "optimizer")
+
+# The parts of `memory_budget` that add up to a step's memory; other keys (a measured peak) are shown apart.
+BUDGET_PARTS = ("parameters", "gradients", "optimizer", "activations")
+
+# Top-ops tables list this many rows: the head of the distribution is what a reader acts on.
+TOP_OPS_ROWS = 15
+TOP_OPS_BAR_PX = 80  # the widest share bar; fits beside its percentage in a 1100 px page
+
+CSS = """
+:root { --ink:#1a1a1a; --muted:#5a5a5a; --rule:#d8d8d8; --accent:#0072B2; --bad:#D55E00;
+        --warn:#E69F00; --good:#009E73; --paper:#ffffff; --band:#f5f7fa; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--band); color:var(--ink);
+       font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
+header { background:#12263a; color:#fff; padding:28px 40px 22px; }
+header h1 { margin:0 0 6px; font-size:26px; font-weight:600; }
+header p { margin:0; color:#c9d6e3; font-size:14px; }
+nav { background:#fff; border-bottom:1px solid var(--rule); padding:8px 40px; position:sticky; top:0;
+      display:flex; flex-wrap:wrap; gap:4px 18px; z-index:1; }
+nav a { color:var(--accent); text-decoration:none; font-size:13px; white-space:nowrap; }
+main { max-width:1100px; margin:0 auto; padding:20px 24px 40px; }
+section { background:var(--paper); border:1px solid var(--rule); border-radius:6px;
+          padding:18px 24px; margin:18px 0; break-inside:avoid-page; }
+section h2 { margin:0 0 4px; font-size:20px; }
+.source { color:var(--muted); font-size:13px; margin:0 0 12px; }
+.not-measured { color:var(--muted); font-style:italic; background:var(--band); padding:10px 14px;
+                border-left:4px solid var(--rule); margin:8px 0; }
+.banner { background:#fff4e0; border:2px solid var(--warn); border-left-width:8px; border-radius:6px;
+          padding:12px 18px; margin:18px 0; }
+.banner strong { color:#8a4b00; }
+table { border-collapse:collapse; width:100%; margin:10px 0; font-size:14px; }
+th, td { text-align:left; padding:5px 10px; border-bottom:1px solid var(--rule); vertical-align:top; }
+th { background:var(--band); font-weight:600; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+figure { margin:12px 0; text-align:center; }
+figure img { max-width:100%; height:auto; border:1px solid var(--rule); }
+figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
+.kpi { display:inline-block; margin:6px 28px 6px 0; }
+.kpi b { display:block; font-size:24px; font-variant-numeric:tabular-nums; }
+.kpi span { color:var(--muted); font-size:13px; }
+.badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:13px; font-weight:600;
+         border:1px solid; white-space:nowrap; }
+.badge.pass { color:#00557f; border-color:var(--accent); background:#e3f1fa; }
+.badge.fail { color:#9c3c00; border-color:var(--bad); background:#fbe9df; }
+.badge.inconclusive { color:#7a4f00; border-color:var(--warn); background:#fff4e0; }
+.badge.other { color:var(--muted); border-color:var(--rule); }
+.share { white-space:nowrap; }
+.bar { display:inline-block; height:10px; background:var(--accent); vertical-align:middle; }
+.analysis { max-width:820px; }
+.analysis h3 { font-size:16px; margin:16px 0 6px; }
+blockquote { margin:8px 0; padding:4px 14px; border-left:4px solid var(--accent); color:#333;
+             background:var(--band); }
+pre { background:var(--band); padding:10px; overflow-x:auto; }
+details summary { cursor:pointer; color:var(--accent); }
+footer { text-align:center; color:var(--muted); font-size:12px; padding:0 0 30px; }
+@media print { body { background:#fff; } nav { display:none; } header { background:#fff; color:#000; }
+  header p { color:#333; } section { border-color:#999; } }
+"""
+
+_BADGE_MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
+
+
+@dataclass(frozen=True)
+class Report:
+    """A rendered report: the page, and each figure as PNG bytes keyed by its name."""
+
+    html: str
+    figures: dict[str, bytes] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- formatting, shared with classreport
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def fmt_num(value: float, digits: int = 3) -> str:
+    """A number with `digits` significant figures, thousands separated where large."""
+    if value == 0:
+        return "0"
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Seconds in the unit a reader wants (ns, µs, ms, s)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{fmt_num(seconds / scale)} {unit}"
+    return f"{fmt_num(seconds / 1e-9)} ns"
+
+
+def fmt_bytes(n: float) -> str:
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_bandwidth(n: float) -> str:
+    """Bytes per second in decimal units, as device data sheets state them."""
+    for scale, unit in ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g} B/s"
+
+
+def fmt_flops(n: float, per_s: bool = False) -> str:
+    suffix = "FLOP/s" if per_s else "FLOP"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}{suffix}"
+    return f"{n:.3g} {suffix}"
+
+
+def fmt_ci(ci: Sequence[float] | None, unit: str = "", digits: int = 3) -> str:
+    if not ci:
+        return "–"
+    return f"{fmt_num(ci[0], digits)}–{fmt_num(ci[1], digits)}{unit}"
+
+
+def badge(verdict: str | None) -> str:
+    if not verdict:
+        return '<span class="badge other">not verified</span>'
+    kind = verdict if verdict in _BADGE_MARK else "other"
+    return f'<span class="badge {kind}">{_BADGE_MARK.get(verdict, "·")} {esc(verdict)}</span>'
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Iterable[int] = (),
+          raw: bool = False) -> str:
+    """An HTML table; cells are escaped unless `raw` (then the caller escaped them)."""
+    numeric = set(numeric)
+    head = "".join(f'<th class="num">{esc(h)}</th>' if i in numeric else f"<th>{esc(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = "".join(
+            (f'<td class="num">{c if raw else esc(c)}</td>' if i in numeric
+             else f"<td>{c if raw else esc(c)}</td>") for i, c in enumerate(row))
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def figure_html(name: str, data: bytes, alt: str, caption: str = "") -> str:
+    b64 = base64.b64encode(data).decode("ascii")
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    return (f'<figure id="fig-{esc(name)}"><img alt="{esc(alt)}" '
+            f'src="data:image/png;base64,{b64}">{cap}</figure>')
+
+
+def section(sid: str, title: str, body: str, source: str = "") -> str:
+    src = f'<p class="source">{source}</p>' if source else ""
+    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{src}{body}</section>'
+
+
+def not_measured(what: str) -> str:
+    return f'<p class="not-measured">{NOT_MEASURED} — {esc(what)} measures it.</p>'
+
+
+def page(title: str, subtitle: str, nav: Sequence[tuple[str, str]], body: str) -> str:
+    links = "".join(f'<a href="#{esc(i)}">{esc(t)}</a>' for i, t in nav)
+    from perflab import __version__ as version
+
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
+        f"<header><h1>{esc(title)}</h1><p>{subtitle}</p></header>"
+        f"<nav>{links}</nav><main>{body}</main>"
+        f"<footer>perflab {esc(version)} · generated "
+        f"{esc(_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))}</footer>"
+        "</body></html>\n"
+    )
+
+
+# ---------------------------------------------------------------- the student report
+
+class _Builder:
+    """Collects figures while the sections are rendered."""
+
+    def __init__(self, rs: ResultsSet) -> None:
+        self.rs = rs
+        self.figures: dict[str, bytes] = {}
+
+    def fig(self, name: str, figure: Any, alt: str, caption: str = "") -> str:
+        data = figures.png(figure)
+        self.figures[name] = data
+        return figure_html(name, data, alt, caption)
+
+    def source(self, items: Sequence[LabResults]) -> str:
+        parts = []
+        for item in items:
+            tag = self.rs.machine_tag(item)
+            parts.append(f"{esc(item.lab)}" + (f" ({esc(tag)})" if tag else ""))
+        return "from " + ", ".join(parts) if parts else ""
+
+
+def render(rs: ResultsSet, title: str | None = None) -> Report:
+    """Render the optimization report of a set of results files."""
+    b = _Builder(rs)
+    warnings = []
+    body = []
+    if rs.mixed_machines:
+        lines = []
+        for key, items in rs.machines():
+            tag = rs.machine_tag(items[0])
+            lines.append(f"<li><b>{esc(tag)}</b>: {esc(key[1])} ({esc(key[0])}) — "
+                         + ", ".join(esc(i.lab) for i in items) + "</li>")
+        text = (f"These results come from {len(rs.machines())} different machines; numbers "
+                "measured on different hardware are not comparable.")
+        warnings.append(text)
+        body.append(f'<div class="banner" id="mixed-machines" role="alert"><strong>Warning: mixed '
+                    f"machines.</strong> {esc(text)} Each section names the machine of its "
+                    f"data.<ul>{''.join(lines)}</ul></div>")
+    renderers = {
+        "machine": _machine, "baseline": _baseline, "speedups": _speedups, "phases": _phases,
+        "memory": _memory, "roofline": _roofline, "top-ops": _top_ops, "mfu": _mfu,
+        "verification": _verification, "analysis": _analysis,
+    }
+    for sid, heading, hint in SECTIONS:
+        content, source = renderers[sid](b)
+        body.append(section(sid, heading, content if content else not_measured(hint), source))
+    labs = ", ".join(i.lab for i in rs.items)
+    title = title or "Optimization report: ResNet-18 training"
+    subtitle = esc(f"{len(rs.items)} results file{'s' if len(rs.items) != 1 else ''}: {labs}")
+    return Report(page(title, subtitle, [(s[0], s[1]) for s in SECTIONS], "".join(body)),
+                  dict(b.figures), tuple(warnings))
+
+
+_MACHINE_ROWS = (
+    ("device", "device"), ("device name", "device_name"), ("hardware class", "hardware_class"),
+    ("GPU memory", "gpu_memory_bytes"), ("CPU", "cpu_model"), ("CPU cores", "cpu_count"),
+    ("bf16 in CPU hardware", "cpu_bf16"), ("torch threads", "threads"), ("Python", "python"),
+    ("torch", "torch"), ("torchvision", "torchvision"), ("CUDA", "cuda"), ("cuDNN", "cudnn"),
+    ("TF32 matmul", "tf32_matmul"), ("TF32 cuDNN", "tf32_cudnn"),
+    ("cudnn.benchmark", "cudnn_benchmark"), ("platform", "platform"),
+)
+
+
+def _machine_value(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    if key == "gpu_memory_bytes":
+        return fmt_bytes(value)
+    if key == "cpu_bf16":
+        return "yes" if value else "no"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _machine(b: _Builder) -> tuple[str, str]:
+    groups = b.rs.machines()
+    heads = ["setting"] + [b.rs.machine_tag(items[0]) or "value" for _, items in groups]
+    rows = [[label] + [_machine_value(key, items[0].machine.get(key)) for _, items in groups]
+            for label, key in _MACHINE_ROWS
+            if any(items[0].machine.get(key) is not None for _, items in groups)]
+    out = [table(heads, rows)]
+    files = [[i.lab, i.path.name, i.created, b.rs.machine_tag(i) or i.machine.get("hardware_class", "")]
+             for i in b.rs.items]
+    out.append("<h3>Results files</h3>" + table(["lab", "file", "created", "machine"], files))
+    configs = [i for i in b.rs.items if i.config]
+    if configs:
+        keys = sorted({k for i in configs for k in i.config})
+        rows = [[k] + [_machine_value(k, i.config.get(k)) for i in configs] for k in keys]
+        out.append("<details><summary>Training configuration of each lab</summary>"
+                   + table(["knob"] + [i.lab for i in configs], rows) + "</details>")
+    return "".join(out), ""
+
+
+def _stat(stat: dict[str, Any] | None) -> tuple[str, str]:
+    if not isinstance(stat, dict) or "median" not in stat:
+        return "–", "–"
+    unit = stat.get("unit", "")
+    if unit == "s":
+        return fmt_seconds(stat["median"]), (
+            f"{fmt_seconds(stat['ci'][0])} – {fmt_seconds(stat['ci'][1])}" if "ci" in stat else "–")
+    return f"{fmt_num(stat['median'])} {esc(unit)}", fmt_ci(stat.get("ci"), f" {unit}")
+
+
+def _baseline(b: _Builder) -> tuple[str, str]:
+    items = b.rs.having("baseline")
+    if not items:
+        return "", ""
+    first = items[0].sections["baseline"]
+    out = []
+    tp = first.get("throughput")
+    if isinstance(tp, dict) and "median" in tp:
+        ci = tp.get("ci")
+        out.append(f'<div class="kpi"><b>{fmt_num(tp["median"])} {esc(tp.get("unit", ""))}</b>'
+                   f"<span>baseline throughput, 95% CI {esc(fmt_ci(ci))}</span></div>")
+    st = first.get("step_time")
+    if isinstance(st, dict) and "median" in st:
+        out.append(f'<div class="kpi"><b>{esc(_stat(st)[0])}</b><span>median step time</span></div>')
+    rows = []
+    for item in items:
+        base = item.sections["baseline"]
+        rows.append([item.lab, *_stat(base.get("throughput")), *_stat(base.get("step_time"))])
+    out.append(table(["source", "throughput (median)", "95% CI", "step time (median)", "95% CI"],
+                     rows, numeric=(1, 2, 3, 4)))
+    counts = b.rs.latest("counts")
+    if counts:
+        out.append(f"<p>Model: {esc(_counts_text(counts.sections['counts']))} ({esc(counts.lab)}).</p>")
+    diag = b.rs.having("bottleneck")
+    if diag:
+        keys = [k for k in _DIAGNOSIS_COLUMNS if any(i.sections["bottleneck"].get(k) for i in diag)]
+        out.append("<h3>Diagnosis</h3>" + table(
+            ["source"] + [_DIAGNOSIS_COLUMNS[k] for k in keys],
+            [[i.lab] + [str(i.sections["bottleneck"].get(k) or "–") for k in keys] for i in diag]))
+    return "".join(out), b.source(items)
+
+
+_DIAGNOSIS_COLUMNS = {"verdict": "bottleneck", "component": "component", "operation": "operation",
+                      "reason": "why", "next_step": "try next"}
+
+
+def _counts_text(c: dict[str, Any]) -> str:
+    """Parameters and FLOPs; `flops_forward`/`flops_train` are per sample when per-step totals sit beside them."""
+    def num(key: str) -> float | None:
+        v = c.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    parts = []
+    if num("parameters") is not None:
+        parts.append(f"{num('parameters') / 1e6:.2f} M parameters")
+    per_step = num("flops_train_per_step") is not None or num("flops_forward_per_step") is not None
+    unit = "per sample" if per_step else "per batch"
+    if num("flops_forward") is not None:
+        parts.append(f"{fmt_flops(num('flops_forward'))} forward {unit}")
+    if num("flops_train") is not None:
+        parts.append(f"{fmt_flops(num('flops_train'))} forward+backward {unit}")
+    if num("flops_train_per_step") is not None:
+        batch = f" (batch {int(num('batch_size'))})" if num("batch_size") else ""
+        parts.append(f"{fmt_flops(num('flops_train_per_step'))} per training step{batch}")
+    return ", ".join(parts) or "no counts recorded"
+
+
+def _speedups(b: _Builder) -> tuple[str, str]:
+    out = []
+    sources = []
+    ablation = [i for i in b.rs.having("speedups")
+                if any(is_cumulative(i, r) for r in i.sections["speedups"])]
+    if ablation:
+        item = ablation[-1]
+        steps = waterfall_steps([r for r in item.sections["speedups"] if is_cumulative(item, r)])
+        out.append(b.fig("speedup-waterfall", figures.waterfall(steps),
+                         "Waterfall of cumulative speedups with 95% confidence intervals",
+                         f"Cumulative ablation from {item.lab}: each bar adds one change to all before it."))
+        rows, prev = [], 1.0
+        for s in steps:
+            rows.append([esc(s.name), f"{s.cumulative:.2f}×", esc(fmt_ci(s.ci, "×", 3)),
+                         f"{s.cumulative / prev:.2f}×", badge(s.verdict)])
+            prev = s.cumulative
+        out.append(table(["change added", "cumulative speedup", "95% CI", "this step", "verdict"],
+                         rows, numeric=(1, 2, 3), raw=True))
+        sources.append(item)
+    else:
+        out.append(not_measured("lab06_together (the cumulative ablation)")
+                   .replace(NOT_MEASURED, f"Cumulative waterfall {NOT_MEASURED}", 1))
+    single = [(i, r) for i in b.rs.having("speedups") for r in i.sections["speedups"]
+              if not is_cumulative(i, r)]
+    if single:
+        bars = [(f"{i.lab.split('_')[0]}: {r['name']}", float(r["speedup"]),
+                 tuple(r["ci"]) if "ci" in r else None, r.get("verdict")) for i, r in single]
+        out.append("<h3>Each optimisation on its own</h3>")
+        out.append(b.fig("speedups-single", figures.speedup_bars(bars),
+                         "Speedup of each optimisation against its own baseline, with 95% CIs"))
+        out.append(table(
+            ["lab", "optimisation", "speedup", "95% CI", "claimed", "verdict"],
+            [[esc(i.lab), esc(r["name"]), f"{r['speedup']:.2f}×", esc(fmt_ci(r.get("ci"), "×")),
+              f"{r['claimed']:.2f}×" if isinstance(r.get("claimed"), (int, float)) else "–",
+              badge(r.get("verdict"))] for i, r in single],
+            numeric=(2, 3, 4), raw=True))
+        sources.extend(i for i, _ in single if i not in sources)
+    if not sources:
+        return "", ""
+    return "".join(out), b.source(sources)
+
+
+def _phases(b: _Builder) -> tuple[str, str]:
+    items = b.rs.having("phases")
+    if not items:
+        return "", ""
+    bars = []
+    for item in items:
+        data = item.sections["phases"]
+        for when in ("before", "after"):
+            if isinstance(data.get(when), dict) and numeric_items(data[when]):
+                label = item.lab.split("_")[0] + ("" if "after" not in data else f" {when}")
+                bars.append((label, numeric_items(data[when])))
+    if not bars:
+        return "", ""
+    out = [b.fig("phases", figures.phase_bars(bars, PHASE_ORDER),
+                 "Stacked bars of time per training step by phase, before and after optimisation")]
+    names = list(PHASE_ORDER) + sorted({k for _, p in bars for k in p} - set(PHASE_ORDER))
+    rows = []
+    for name in names:
+        if any(p.get(name, 0) > 0 for _, p in bars):
+            rows.append([name] + [f"{p.get(name, 0) * 1e3:.1f} ms ({p.get(name, 0) / sum(p.values()):.0%})"
+                                  for _, p in bars])
+    rows.append(["total"] + [f"{sum(p.values()) * 1e3:.1f} ms" for _, p in bars])
+    out.append(table(["phase"] + [label for label, _ in bars], rows,
+                     numeric=range(1, len(bars) + 1)))
+    return "".join(out), b.source(items)
+
+
+def _memory(b: _Builder) -> tuple[str, str]:
+    out = []
+    items = b.rs.having("memory_vs_batch")
+    if items:
+        series = []
+        for item in items:
+            for ckpt in (False, True):
+                pts = sorted((int(r["batch_size"]), float(r["bytes"]))
+                             for r in item.sections["memory_vs_batch"]
+                             if bool(r.get("checkpointed", False)) == ckpt)
+                if pts:
+                    series.append((item.lab.split("_")[0], ckpt, pts))
+        device_bytes = items[-1].machine.get("gpu_memory_bytes")
+        out.append(b.fig("memory", figures.memory_lines(series, device_bytes),
+                         "Peak memory against batch size with and without activation checkpointing"))
+        batches = sorted({p[0] for _, _, pts in series for p in pts})
+        rows = []
+        for bs in batches:
+            row = [str(bs)]
+            for _label, _ckpt, pts in series:
+                hit = [v for x, v in pts if x == bs]
+                row.append(fmt_bytes(hit[0]) if hit else "–")
+            rows.append(row)
+        out.append(table(["batch size"] + [f"{lab} {'checkpointed' if c else 'plain'}"
+                                           for lab, c, _ in series], rows,
+                         numeric=range(0, len(series) + 1)))
+    budget = b.rs.latest("memory_budget")
+    if budget and not items:
+        out.append(not_measured("lab04_memory or lab06_together")
+                   .replace(NOT_MEASURED, f"Memory against batch size {NOT_MEASURED}", 1))
+    if budget:
+        data = numeric_items(budget.sections["memory_budget"])
+        parts = {k: v for k, v in data.items() if k in BUDGET_PARTS}
+        total = sum(parts.values()) or 1
+        rows = [[k, fmt_bytes(v), f"{v / total:.1%}"] for k, v in parts.items()]
+        rows.append(["total", fmt_bytes(total), "100%"])
+        if "peak" in data:
+            method = budget.sections["memory_budget"].get("peak_method")
+            rows.append([f"measured peak{f' ({method})' if method else ''}", fmt_bytes(data["peak"]), "–"])
+        out.append(f"<h3>Memory budget of one training step ({esc(budget.lab)})</h3>"
+                   + table(["part", "bytes", "share"], rows, numeric=(1, 2)))
+    if not out:
+        return "", ""
+    return "".join(out), b.source([*items, *([budget] if budget and budget not in items else [])])
+
+
+def _roofline(b: _Builder) -> tuple[str, str]:
+    item = b.rs.latest("roofline")
+    if not item:
+        return "", ""
+    data = item.sections["roofline"]
+    peak, bw = float(data["peak_flops"]), float(data["peak_bandwidth"])
+    layers = [(r["name"], r["flops"] / r["bytes"], r.get("verdict", "unknown"))
+              for r in data["layers"] if r["bytes"] > 0 and r["flops"] > 0]
+    ach = data.get("achieved")
+    achieved = ((float(ach["flops_per_s"]), float(ach["intensity"]))
+                if isinstance(ach, dict) and ach.get("flops_per_s", 0) > 0 and ach.get("intensity", 0) > 0
+                else None)
+    if not layers and not achieved:
+        return f"<p>Peaks: {fmt_flops(peak, True)}, {fmt_bandwidth(bw)}; no layers placed.</p>", b.source([item])
+    out = [b.fig("roofline", figures.roofline(peak, bw, layers, achieved),
+                 "Roofline plot with the model's layers and the achieved point")]
+    basis = ", ".join(str(data[k]) for k in ("dtype", "source") if data.get(k))
+    out.append(f"<p>Peak compute {esc(fmt_flops(peak, True))}{f' ({esc(basis)})' if basis else ''}, peak bandwidth "
+               f"{esc(fmt_bandwidth(bw))}, ridge point {peak / bw:.0f} FLOP/byte.")
+    if achieved:
+        out.append(f" Achieved: {esc(fmt_flops(achieved[0], True))} at {achieved[1]:.0f} FLOP/byte "
+                   f"({achieved[0] / min(peak, achieved[1] * bw):.0%} of the roof there).")
+    out.append("</p>")
+    rows = [[str(n + 1), name, fmt_flops(r["flops"]), fmt_bytes(r["bytes"]),
+             f"{r['flops'] / r['bytes']:.1f}", r.get("verdict", "")]
+            for n, (name, r) in enumerate((r["name"], r) for r in data["layers"]
+                                          if r["bytes"] > 0 and r["flops"] > 0)]
+    out.append(table(["#", "layer", "FLOPs", "bytes moved", "FLOP/byte", "verdict"], rows,
+                     numeric=(0, 2, 3, 4)))
+    return "".join(out), b.source([item])
+
+
+def _top_ops(b: _Builder) -> tuple[str, str]:
+    item = b.rs.latest("top_ops")
+    if not item:
+        return "", ""
+    ops = sorted(item.sections["top_ops"], key=lambda r: -r["self_time_s"])
+    total = sum(r["self_time_s"] for r in ops) or 1.0
+    widest = ops[0]["self_time_s"] if ops else 1.0
+    extra = [(k, h) for k, h in (("self_cpu_s", "CPU self"), ("self_device_s", "device self"))
+             if any(isinstance(r.get(k), (int, float)) for r in ops)]
+    rows = []
+    for n, r in enumerate(ops[:TOP_OPS_ROWS], start=1):
+        calls = r.get("calls")
+        per_call = fmt_seconds(r["self_time_s"] / calls) if isinstance(calls, int) and calls > 0 else "–"
+        bar = f'<span class="bar" style="width:{TOP_OPS_BAR_PX * r["self_time_s"] / widest:.0f}px"></span>'
+        rows.append([str(n), f"<code>{esc(r['name'])}</code>", esc(fmt_seconds(r["self_time_s"])),
+                     f'<span class="share">{r["self_time_s"] / total:.1%} {bar}</span>', esc(calls if calls is not None else "–"),
+                     esc(per_call)]
+                    + [esc(fmt_seconds(r[k])) if isinstance(r.get(k), (int, float)) else "–" for k, _ in extra])
+    note = (f"<p>{len(ops)} operations listed; shares are of their total self time "
+            f"({esc(fmt_seconds(total))}).</p>")
+    heads = ["#", "operation", "self time", "share", "calls", "per call"] + [h for _, h in extra]
+    return note + table(heads, rows, numeric=(0, 2, 4, 5, *range(6, 6 + len(extra))), raw=True), \
+        b.source([item])
+
+
+def _mfu(b: _Builder) -> tuple[str, str]:
+    items = b.rs.having("mfu")
+    if not items:
+        return "", ""
+    rows, bars = [], []
+    for item in items:
+        m = item.sections["mfu"]
+        ach, peak = float(m["achieved_flops_per_s"]), float(m["peak_flops"])
+        bars.append((item.lab.split("_")[0], ach, peak))
+        rows.append([item.lab, fmt_flops(ach, True), fmt_flops(peak, True), f"{ach / peak:.1%}",
+                     fmt_flops(peak - ach, True), f"{peak / ach:.1f}×" if ach > 0 else "–"])
+    last = bars[-1]
+    out = [f'<div class="kpi"><b>{last[1] / last[2]:.1%}</b><span>model FLOPs utilisation '
+           f"({esc(items[-1].lab)})</span></div>"
+           f'<div class="kpi"><b>{last[2] / last[1]:.1f}×</b><span>remaining headroom to the '
+           "device's peak</span></div>" if last[1] > 0 else ""]
+    out.append(b.fig("mfu", figures.mfu_bars(bars), "Achieved compute against the device peak"))
+    out.append(table(["source", "achieved", "peak", "MFU", "gap to peak", "headroom"], rows,
+                     numeric=(1, 2, 3, 4, 5)))
+    return "".join(out), b.source(items)
+
+
+def _verification(b: _Builder) -> tuple[str, str]:
+    items = b.rs.having("verification")
+    acc = b.rs.having("accuracy")
+    if not items and not acc:
+        return "", ""
+    out = []
+    if items:
+        rows = []
+        for item in items:
+            for r in item.sections["verification"]:
+                speed = f"{r['speedup']:.2f}×" if isinstance(r.get("speedup"), (int, float)) else "–"
+                rows.append([esc(item.lab), esc(r["name"]), badge(r["verdict"]), speed,
+                             esc(fmt_ci(r.get("ci"), "×")), esc(r.get("reason", ""))])
+        counts: dict[str, int] = {}
+        for item in items:
+            for r in item.sections["verification"]:
+                counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        out.append("<p>" + " ".join(f"{badge(v)} × {n}" for v, n in sorted(counts.items())) + "</p>")
+        out.append(table(["lab", "check", "verdict", "re-measured", "95% CI", "reason"], rows,
+                         numeric=(3, 4), raw=True))
+    for item in acc:
+        a = numeric_items(item.sections["accuracy"])
+        if "baseline" in a and "final" in a:
+            out.append(f"<p>Accuracy after a short training run ({esc(item.lab)}): baseline "
+                       f"{a['baseline']:.1%}, optimised {a['final']:.1%} "
+                       f"({100 * (a['final'] - a['baseline']):+.1f} points).</p>")
+    return "".join(out), b.source(items or acc)
+
+
+def _analysis(b: _Builder) -> tuple[str, str]:
+    items = [i for i in b.rs.having("analysis") if i.sections["analysis"].strip()]
+    if not items:
+        return "", ""
+    out = []
+    for item in items:
+        heading = f"<h3>{esc(item.lab)}</h3>" if len(items) > 1 else ""
+        out.append(f'<div class="analysis">{heading}{markdown.to_html(item.sections["analysis"])}</div>')
+    return "".join(out), b.source(items)

@@ -1,0 +1,117 @@
+"""Calibrate expectations: time perflab's reference optimisations on this machine, write the bars.
+
+Each named optimisation is a (baseline, candidate) pair of `TrainConfig`s at the mode's sizes, run
+through the same verification protocol the grader uses, `repeats` times. The pooled reference
+speedups set the bar (`expectations.threshold_rule`); nothing here is typed by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from perflab.verify import expectations, guard
+from perflab.verify.decide import Budget
+
+log = logging.getLogger(__name__)
+
+# Calibration measures a fixed number of pairs (no early stop), enough for a CI a few % wide on a
+# quiet machine, few enough that a repeat of a grade-size pair takes well under a minute.
+CALIBRATION_PAIRS = 16
+DEFAULT_REPEATS = 3
+
+# What each reference optimisation changes in the baseline configuration.
+REFERENCE_CHANGES: dict[str, dict[str, Any]] = {
+    "amp_bf16": {"amp_dtype": "bf16"},
+    "amp_fp16": {"amp_dtype": "fp16"},
+    "channels_last": {"channels_last": True},
+    "num_workers": {"num_workers": 2},
+    "checkpoint": {"checkpoint_segments": 2},
+    "compile": {"compile_mode": "default"},
+}
+
+
+def baseline_config(mode: str = "grade", device: str | None = None) -> Any:
+    """The lab baseline at `mode`'s sizes: the plain fp32 loop, no loader workers."""
+    from perflab import env
+    from perflab.workload import TrainConfig
+
+    sizes = env.mode_sizes(mode)
+    return TrainConfig(data=sizes.data, image_size=sizes.image_size, batch_size=sizes.batch_size, device=device)
+
+
+def available(names: Sequence[str] | None, device: str | None = None) -> list[str]:
+    """The optimisations to calibrate: `names` (checked), else every one this device can run."""
+    from perflab import env
+    from perflab.workload import AMP_DTYPES
+
+    chosen = list(names) if names else list(REFERENCE_CHANGES)
+    unknown = [n for n in chosen if n not in REFERENCE_CHANGES]
+    if unknown:
+        raise ValueError(f"--config: unknown optimisation(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(REFERENCE_CHANGES)}")
+    kind = env.pick_device(device).type
+    usable = []
+    for name in chosen:
+        amp = REFERENCE_CHANGES[name].get("amp_dtype")
+        if amp is not None and not env.supports_autocast(kind, AMP_DTYPES[amp]):
+            if names:
+                raise ValueError(f"--config {name}: {amp} autocast is not supported on {kind} here")
+            continue
+        usable.append(name)
+    return usable
+
+
+def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPEATS, mode: str = "grade",
+              device: str | None = None, pairs: int = CALIBRATION_PAIRS,
+              out_dir: Path | None = None, on_run: Callable[[str, int, Any], None] | None = None) -> Path:
+    """Run every reference pair `repeats` times and write `<out_dir>/<hardware_class>.json`; its path."""
+    from perflab import env
+    from perflab.verify.protocol import verify
+
+    if repeats < 1:
+        raise ValueError(f"--repeats: must be at least 1, got {repeats}")
+    if pairs < 4:
+        raise ValueError(f"--pairs: must be at least 4, got {pairs}")
+    machine = env.machine_info(device)
+    base = baseline_config(mode, device)
+    budget = Budget(min_pairs=pairs, max_pairs=pairs, max_timed_seconds=300.0)
+    entries: dict[str, Any] = {}
+    for name in available(names, device):
+        cand = base.replace(**REFERENCE_CHANGES[name])
+        runs = []
+        for i in range(repeats):
+            # The bar 1.0 only decides when the run may stop; with min_pairs == max_pairs it never stops early.
+            # Only perflab's own code runs here, so the hashes are taken fresh for each run.
+            verdict = verify(base, cand, expectation=1.0, budget=budget, seed=i, hashes=guard.file_hashes())
+            if on_run is not None:
+                on_run(name, i, verdict)
+            if verdict.speedup is None or verdict.code not in ("faster", "not_faster", "undecided"):
+                log.warning("calibrate %s run %d: %s", name, i, verdict.reason)
+                runs.append({"outcome": verdict.outcome, "code": verdict.code, "reason": verdict.reason})
+                continue
+            lo, hi = verdict.ci or (float("nan"), float("nan"))
+            runs.append({"speedup": verdict.speedup, "ci": [lo, hi], "outcome": verdict.outcome,
+                         "pairs": verdict.pairs, "block_steps": verdict.block_steps,
+                         "seconds": verdict.elapsed_seconds,
+                         "warmup_seconds": verdict.details.get("warmup_seconds", {})})
+        measured = [r for r in runs if "speedup" in r]
+        entry: dict[str, Any] = {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs}
+        if measured:
+            entry.update(expectations.summarise(measured))
+        else:
+            entry.update(kind="unmeasured", rule="every reference run failed; conservative rules apply")
+        entries[name] = entry
+    doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION,
+           "hardware_class": machine.hardware_class, "mode": mode, "repeats": repeats, "pairs": pairs,
+           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine.to_dict(),
+           "optimisations": {k: v for k, v in entries.items() if "threshold" in v or v["kind"] == "unmeasured"}}
+    path = expectations.expectations_path(machine.hardware_class, out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,375 @@
+"""The fresh-interpreter side of a verification: `python -I -m perflab.verify.child < job.json`.
+
+Order matters: the clocks are bound (importing `guard` binds them) and perflab's files are checked
+before the candidate's module is imported; the baseline is built from perflab's reference first.
+The child only measures and reports raw data (JSON, to the path the job names); the parent decides.
+"""
+
+from __future__ import annotations
+
+# Bind the clocks first: nothing but the standard library and perflab.verify.guard is imported yet.
+from perflab.verify import guard  # isort: skip
+
+CLOCKS = guard.Clocks()
+
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any  # noqa: E402
+
+# How many fixed-seed steps each side runs before timing: they warm up (compile, autotune, caches)
+# and feed the correctness gate.
+GATE_STEPS = 4
+# First-step loss tolerance (relative, absolute) per precision. The first step's loss is the forward
+# pass of the same initial model on the same samples, so it differs only by rounding: fp32 by ~1e-3
+# (TF32 convolutions, other algorithms for another memory format), bf16 (8-bit mantissa) by ~1e-2
+# (measured 0.8% for ResNet-18 on CPU), fp16 (11-bit) by less. Halving the batch moves it by ~5%.
+LOSS_TOLERANCE = {"fp32": (5e-3, 1e-4), "tf32": (1e-2, 1e-4), "fp16": (2e-2, 1e-3), "bf16": (3e-2, 1e-3)}
+_PRECISION_ORDER = ("fp32", "tf32", "fp16", "bf16")
+# Later gate steps follow the updates, and SGD on a small batch amplifies rounding: measured for
+# ResNet-18 at batch 8, lr 0.05, fp32 channels_last differs by up to 8% and bf16 by up to 18% within
+# four steps. Beyond this the candidate computes something else (a skipped update, other data).
+LOSS_TRAJECTORY_RTOL = 0.3
+# Exactly repeated losses (bit for bit) where the reference's differ: outputs cached across steps.
+MAX_REPEATED_LOSSES = 1
+# Seconds a timed block should last: long enough that clock resolution and the per-block device
+# sync cost well under 0.1%, short enough that an interference episode hits single blocks.
+TARGET_BLOCK_SECONDS = 0.04
+MAX_BLOCK_STEPS = 32
+# After each block the child idles this long and reads the process CPU time: work the candidate
+# left running in the background (a thread that keeps computing) shows up as CPU while idle.
+IDLE_PROBE_SECONDS = 0.005
+# The probe first lets the torch thread pool finish spinning down (libgomp spins after a parallel
+# region), unmeasured, so that only work still running afterwards counts.
+IDLE_SETTLE_SECONDS = 0.003
+# Idle probes after each of the reference's warm-up steps, before any candidate code is imported:
+# the process's CPU use at rest.
+CLEAN_PROBES_PER_STEP = 3
+# CPU cores (median over blocks) the process burns while idle between timed blocks beyond its use at
+# rest that mean deferred work: thread-pool spin-down costs the same at rest, a background worker ~1.
+IDLE_CPU_EXCESS = 0.15
+# Setup (make_step) time beyond the reference's, in candidate steps, that means the work was done
+# before timing started (precomputed outputs); at least this many seconds so jitter never counts.
+SETUP_EXCESS_STEPS = 50
+SETUP_EXCESS_MIN_SECONDS = 2.0
+# A CUDA-event time this much above the wall time of the same block means a doctored clock.
+EVENT_WALL_SLACK = 1.05
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        CLOCKS.synchronize()
+    backend = getattr(torch.backends, "mps", None)
+    if backend is not None and backend.is_available():
+        torch.mps.synchronize()
+
+
+class Side:
+    """One built side: its step function and what it produced."""
+
+    def __init__(self, name: str, step: Any) -> None:
+        self.name = name
+        self.step = step
+        self.losses: list[float] = []
+        self.indices: list[list[int]] = []
+        self.step_seconds: list[float] = []
+        self.block_seconds: list[float] = []
+        self.event_ms: list[float] = []
+        self.idle_cpu: list[float] = []
+
+    def run(self, steps: int, *, per_step: bool = False) -> float:
+        """Run `steps` steps between two device syncs; the wall seconds (bound clock)."""
+        clock = CLOCKS.perf_counter_ns
+        use_events = CLOCKS.event is not None and _cuda_in_use()
+        if use_events:
+            start_ev, end_ev = CLOCKS.event(enable_timing=True), CLOCKS.event(enable_timing=True)
+        _sync()
+        t0 = clock()
+        if use_events:
+            start_ev.record()
+        for _ in range(steps):
+            s0 = clock()
+            loss, idx = self.step()
+            self.losses.append(float(loss))
+            self.indices.append([int(i) for i in idx])
+            if per_step:
+                _sync()
+                self.step_seconds.append((clock() - s0) / 1e9)
+        if use_events:
+            end_ev.record()
+        _sync()
+        seconds = (clock() - t0) / 1e9
+        if use_events:
+            self.event_ms.append(float(CLOCKS.elapsed_time(start_ev, end_ev)))
+        return seconds
+
+    def probe_idle(self) -> None:
+        """CPU cores this process burns while the protocol idles right after this side's block."""
+        import time as _time
+
+        _time.sleep(IDLE_SETTLE_SECONDS)
+        cpu0, wall0 = CLOCKS.process_time_ns(), CLOCKS.perf_counter_ns()
+        _time.sleep(IDLE_PROBE_SECONDS)
+        cpu1, wall1 = CLOCKS.process_time_ns(), CLOCKS.perf_counter_ns()
+        self.idle_cpu.append((cpu1 - cpu0) / max(wall1 - wall0, 1))
+
+
+def _cuda_in_use() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _problem(code: str, detail: str) -> dict[str, str]:
+    return {"code": code, "detail": detail}
+
+
+def _tolerance(*dtypes: str) -> tuple[str, float, float]:
+    worst = max(dtypes, key=_PRECISION_ORDER.index)
+    rtol, atol = LOSS_TOLERANCE[worst]
+    return worst, rtol, atol
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return 0.0 if not n else (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+
+
+def _compare_outputs(a: Side, b: Side, start: int, stop: int, rtol: float | None, atol: float,
+                     phase: str) -> list[dict[str, str]]:
+    """Same samples, finite losses, and (unless `rtol` is None) close losses for steps [start, stop)."""
+    for k in range(start, stop):
+        if not math.isfinite(b.losses[k]):
+            return [_problem("loss_not_finite", f"the candidate's loss at step {k + 1} is {b.losses[k]}")]
+        if a.indices[k] != b.indices[k]:
+            na, nb = len(a.indices[k]), len(b.indices[k])
+            what = (f"{nb} samples instead of {na}" if na != nb
+                    else "different samples (or another order)")
+            return [_problem("samples_differ", f"at step {k + 1} ({phase}) the candidate consumed {what} "
+                                               "than the reference: it must train on exactly the same data")]
+        diff = abs(a.losses[k] - b.losses[k])
+        tol = None if rtol is None else atol + (rtol if k == 0 else max(rtol, LOSS_TRAJECTORY_RTOL)) * abs(a.losses[k])
+        if tol is not None and diff > tol:
+            return [_problem("loss_mismatch", f"at step {k + 1} ({phase}) the candidate's loss {b.losses[k]:.6g} "
+                                              f"differs from the reference's {a.losses[k]:.6g} by {diff:.3g}, "
+                                              f"more than rounding explains ({tol:.3g}): it computes something else")]
+    return []
+
+
+def _cached(a: Side, b: Side, n: int) -> list[dict[str, str]]:
+    """Losses repeated bit for bit on consecutive steps where the reference's changed."""
+    repeats = sum(1 for k in range(1, n) if b.losses[k] == b.losses[k - 1] and a.losses[k] != a.losses[k - 1])
+    if repeats <= MAX_REPEATED_LOSSES:
+        return []
+    return [_problem("cached_outputs", f"the candidate returned the same loss bit for bit on {repeats} consecutive "
+                                       "steps where the reference's changed: outputs reused across steps, "
+                                       "not computed")]
+
+
+def _deferred(clean_idle: list[float], a: Side, b: Side, excess_setup: float, m: int) -> list[dict[str, str]]:
+    """Work a module candidate moved out of its timed blocks: into a background thread, or into make_step."""
+    from perflab.verify import decide
+
+    found = []
+    rest = _median(clean_idle)
+    busy = max(_median(a.idle_cpu), _median(b.idle_cpu)) - rest
+    if busy > IDLE_CPU_EXCESS:
+        found.append(_problem("deferred_work", f"between timed blocks, while the verifier idled, this process kept "
+                                               f"{busy:.2f} more CPU cores busy than before the candidate existed: "
+                                               "work moved outside the timed region (e.g. a background thread)"))
+    step = decide.quantile(b.block_seconds, decide.QUANTILE) / m
+    if excess_setup > max(SETUP_EXCESS_MIN_SECONDS, SETUP_EXCESS_STEPS * step):
+        found.append(_problem("deferred_work", f"make_step took {excess_setup:.1f} s longer than the reference's "
+                                               f"setup, more than {SETUP_EXCESS_STEPS} of its own timed steps: "
+                                               "work done before timing started"))
+    return found
+
+
+def _compiles(side: Any) -> bool:
+    """Whether a reference side asks for torch.compile (a TrainConfig's compile_mode, or a factory's)."""
+    return bool(side.kwargs.get("compile_mode") or side.kwargs.get("config", {}).get("compile_mode"))
+
+
+def _apply_compile_patches() -> None:
+    """Apply the runtime patches torch.compile makes the first time anything is compiled (dynamo wraps
+    nn.Module.__init__/__setstate__ and the optimizers' _init_group), so a compiling candidate's are
+    not mistaken for tampering; a candidate that replaces them again is still caught."""
+    from torch._dynamo import eval_frame, mutation_guard
+
+    eval_frame.TorchPatcher.patch()
+    mutation_guard.install_generation_tagging_init()
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from perflab.verify import candidates, decide
+
+    CLOCKS.bind_torch()
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    out: dict[str, Any] = {"problems": []}
+    problems = out["problems"]
+    # perflab's modules loaded so far (the package, verify, stats); those imported later are checked
+    # at the end. Files nothing imports cannot change the run.
+    hash_problems = guard.check_hashes(job["hashes"], only=guard.imported_files())
+    if hash_problems:
+        problems.append(_problem("perflab_modified", "; ".join(hash_problems[:3])))
+        return out
+
+    seed = int(job["seed"])
+    base_side = candidates.Side.from_dict(job["baseline"])
+    cand_side = candidates.Side.from_dict(job["candidate"])
+    if base_side.is_student_code:
+        raise candidates.CandidateError("the baseline must be perflab's reference, not a module file")
+    clock = CLOCKS.perf_counter_ns
+
+    # The baseline is built from perflab before any student code exists in this process.
+    base_factory = candidates.load_factory(base_side)
+    t0 = clock()
+    a = Side("baseline", base_factory(seed, **base_side.kwargs))
+    setup_a = (clock() - t0) / 1e9
+    # Its warm-up and gate steps too, each followed by idle probes: the process's CPU use at rest
+    # before any candidate code exists (thread-pool spin-down and the like).
+    clean_idle = []
+    for _ in range(GATE_STEPS):
+        a.run(1, per_step=True)
+        for _ in range(CLEAN_PROBES_PER_STEP):
+            a.probe_idle()
+            clean_idle.append(a.idle_cpu.pop())
+    if not all(math.isfinite(x) for x in a.losses):
+        raise RuntimeError(f"the reference's own loss is not finite ({a.losses}): check the reference setup")
+    if cand_side.kind == "reference":
+        import perflab.workload  # noqa: F401  (a config candidate imports it anyway: watch it from now)
+    if cand_side.is_student_code or _compiles(cand_side):
+        _apply_compile_patches()
+    before = guard.Snapshot.take()
+
+    t0 = clock()
+    cand_factory = candidates.load_factory(cand_side)
+    out["import_seconds"] = (clock() - t0) / 1e9
+    cand_dtype = candidates.module_dtype(cand_side.dtype) if cand_side.is_student_code else cand_side.dtype
+
+    def tampering(when: str) -> bool:
+        found = CLOCKS.problems()
+        if found:
+            problems.append(_problem("clock_tampered", f"{'; '.join(found)} ({when})"))
+            return True
+        changed = before.changed(guard.Snapshot.take())
+        if changed:
+            problems.append(_problem("runtime_patched", f"{', '.join(changed[:4])} replaced ({when})"))
+            return True
+        return False
+
+    if tampering("when the candidate module was imported"):
+        return out
+    t0 = clock()
+    b = Side("candidate", cand_factory(seed, **cand_side.kwargs))
+    setup_b = (clock() - t0) / 1e9
+    out["setup_seconds"] = {"baseline": setup_a, "candidate": setup_b}
+    if tampering("while the candidate was built"):
+        return out
+
+    # Warm-up and correctness gate, before any timing.
+    b.run(GATE_STEPS, per_step=True)
+    dtype, rtol, atol = _tolerance(base_side.dtype, cand_dtype)
+    out["warmup_seconds"] = {  # first-step cost beyond a warm step: compilation, autotuning, caches
+        side.name: side.step_seconds[0] - min(side.step_seconds[1:]) for side in (a, b)}
+    out["gate"] = {"steps": GATE_STEPS, "dtype": dtype, "rtol": rtol, "atol": atol,
+                   "baseline_losses": list(a.losses), "candidate_losses": list(b.losses),
+                   "baseline_step_seconds": list(a.step_seconds), "candidate_step_seconds": list(b.step_seconds)}
+    problems.extend(_compare_outputs(a, b, 0, GATE_STEPS, rtol, atol, "correctness check"))
+    problems.extend(_cached(a, b, GATE_STEPS))
+    if problems or tampering("during the warm-up steps"):
+        return out
+
+    budget = decide.Budget.from_dict(job["budget"])
+    # The fastest warm step, like the estimator: interference only lengthens steps.
+    step_s = min(a.step_seconds[1:])
+    m = budget.block_steps or max(1, min(MAX_BLOCK_STEPS, math.ceil(TARGET_BLOCK_SECONDS / max(step_s, 1e-9))))
+    out["block_steps"] = m
+    expectation = float(job["expectation"])
+    decision = None
+    timed = 0.0
+    pairs = 0
+    timing_start = clock()
+    while True:
+        order = (a, b) if pairs % 2 == 0 else (b, a)
+        for side in order:
+            seconds = side.run(m)
+            side.block_seconds.append(seconds)
+            side.probe_idle()
+            timed += seconds
+        pairs += 1
+        exhausted = decide.out_of_budget(pairs, timed, budget)
+        if decide.should_look(pairs, budget) or (exhausted and pairs >= 2):
+            decision = decide.decide(a.block_seconds, b.block_seconds, expectation, seed=seed)
+            if decision.outcome != "undecided" or exhausted:
+                break
+        elif exhausted:
+            break
+    timing_wall = (clock() - timing_start) / 1e9
+    out.update(baseline_times=a.block_seconds, candidate_times=b.block_seconds, timed_seconds=timed,
+               timing_wall_seconds=timing_wall,
+               idle_cpu={"clean": clean_idle, "baseline": a.idle_cpu, "candidate": b.idle_cpu},
+               event_ms={"baseline": a.event_ms, "candidate": b.event_ms})
+    if decision is not None:
+        out["decision"] = {"outcome": decision.outcome, "speedup": decision.speedup, "ci": list(decision.ci)}
+
+    if tampering("during timing"):
+        return out
+    n = min(len(a.losses), len(b.losses))
+    # Past the gate the two trajectories may drift apart (see LOSS_TRAJECTORY_RTOL): only the samples,
+    # finiteness and fresh (not repeated) losses are checked.
+    problems.extend(_compare_outputs(a, b, GATE_STEPS, n, None, atol, "timed steps"))
+    problems.extend(_cached(a, b, n))
+    if cand_side.is_student_code:
+        problems.extend(_deferred(clean_idle, a, b, setup_b - setup_a, m))
+    for (ms, wall) in zip(a.event_ms + b.event_ms, a.block_seconds + b.block_seconds, strict=False):
+        if ms / 1e3 > wall * EVENT_WALL_SLACK + 1e-3:
+            problems.append(_problem("clock_tampered", f"a CUDA-event time ({ms:.1f} ms) exceeds the wall time "
+                                                       f"of its block ({wall * 1e3:.1f} ms)"))
+            break
+    # Again at the end, for the modules the run imported (a file changed after the first check).
+    hash_problems = guard.check_hashes(job["hashes"], only=guard.imported_files())
+    if hash_problems:
+        problems.append(_problem("perflab_modified", "; ".join(hash_problems[:3]) + " (during the run)"))
+    return out
+
+
+def main() -> None:
+    start = CLOCKS.perf_counter_ns()
+    job = json.loads(sys.stdin.read())
+    result_path = job["result_path"]
+    try:
+        result = run(job)
+    except MemoryError:
+        result = {"error": {"code": "out_of_memory", "detail": "the run ran out of memory (MemoryError)"}}
+    except BaseException as exc:  # noqa: BLE001 - any failure of student code must become a verdict
+        text = f"{type(exc).__name__}: {exc}"
+        code = "out_of_memory" if ("alloc" in text.lower() and "memory" in text.lower()) else "raised"
+        from perflab.verify import candidates
+
+        if isinstance(exc, candidates.CandidateError):
+            code = "bad_candidate"
+        tail = traceback.format_exc().strip().splitlines()[-6:]
+        result = {"error": {"code": code, "detail": text[:500], "traceback": tail}}
+    result["nonce"] = job["nonce"]
+    result["child_wall_seconds"] = (CLOCKS.perf_counter_ns() - start) / 1e9
+    tmp = result_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: no student atexit handler or finaliser runs after the result is written.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

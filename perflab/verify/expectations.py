@@ -1,0 +1,135 @@
+"""Per-hardware expectations: the bar a candidate's speedup must clear, from calibration on that hardware.
+
+`autograder/expectations/<hardware_class>.json` is written by `perflab calibrate` (never by hand):
+
+    {"schema": "perflab.expectations", "version": 1, "hardware_class": "cpu", "mode": "grade",
+     "machine": {...MachineInfo...}, "created": "...",
+     "optimisations": {NAME: {"baseline": {...TrainConfig...}, "candidate": {...}, "runs": [
+         {"speedup": float, "ci": [lo, hi], "outcome": str, "pairs": int, "seconds": float}, ...],
+         "reference": float, "reference_low": float, "kind": "gain|parity|cost", "threshold": float,
+         "rule": str}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "perflab.expectations"
+VERSION = 1
+EXPECTATIONS_ENV = "PERFLAB_EXPECTATIONS"
+
+# Fraction of the reference's lower CI bound a candidate must reach: the reference solution is timed
+# on the grading machine itself, so a correct student solution should come close; 0.8 leaves room for
+# a different but sound implementation and for run-to-run drift.
+THRESHOLD_FRACTION = 0.8
+# A reference speedup whose lower bound clears this is a real gain on this hardware.
+GAIN_MIN = 1.05
+# A reference whose upper bound stays below this is a real cost (e.g. checkpointing recomputes).
+COST_MAX = 0.95
+# Where the hardware gives no real gain, the bar is "no regression": parity, less the noise a
+# correct implementation may show.
+PARITY_BAR = 0.9
+# Without calibration, a cost optimisation must not be slower than this (recomputing the forward of
+# checkpointed stages costs at most ~1/3 more work; half speed means something else is wrong).
+COST_FLOOR = 0.5
+
+# Optimisations known to cost time on purpose: without calibration they get COST_FLOOR.
+KNOWN_COSTS = ("checkpoint",)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The bar for one named optimisation on one hardware class, and where it came from."""
+
+    name: str
+    threshold: float
+    kind: str  # gain | parity | cost
+    hardware_class: str
+    calibrated: bool
+    reason: str
+
+
+def default_dir() -> Path:
+    """$PERFLAB_EXPECTATIONS, else autograder/expectations in the source tree perflab is installed from."""
+    env = os.environ.get(EXPECTATIONS_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "autograder" / "expectations"
+
+
+def threshold_rule(reference_low: float, reference_high: float) -> tuple[str, float, str]:
+    """(kind, threshold, rule in words) from the reference speedup's pooled CI.
+
+    The bar never asks more than the reference itself reliably shows here: on a noisy machine
+    (a wide CI) it drops below the parity bar rather than fail correct solutions.
+    """
+    if reference_low >= GAIN_MIN:
+        bar = max(PARITY_BAR, THRESHOLD_FRACTION * reference_low)
+        return "gain", bar, (f"gain: {THRESHOLD_FRACTION} x the reference's lower bound "
+                             f"{reference_low:.3f} (never below the parity bar {PARITY_BAR})")
+    if reference_high < COST_MAX:
+        bar = THRESHOLD_FRACTION * reference_low
+        return "cost", bar, (f"cost: the reference is slower here (upper bound {reference_high:.3f}); "
+                             f"{THRESHOLD_FRACTION} x its lower bound {reference_low:.3f}")
+    noisy_machine = reference_low < PARITY_BAR
+    bar = THRESHOLD_FRACTION * reference_low if noisy_machine else PARITY_BAR
+    noisy = (f" (lowered to {THRESHOLD_FRACTION} x the reference's own lower bound: it is below the parity bar "
+             "here)") if noisy_machine else ""
+    return "parity", bar, (f"parity: no clear gain or cost on this hardware (reference CI "
+                           f"{reference_low:.3f}-{reference_high:.3f}); no regression below {bar:.3f}{noisy}")
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pool repeated reference runs: the medians of their speedups and CI bounds, the rule and the bar.
+
+    Medians, not extremes: one run hit by interference must not move the bar.
+    """
+    speedups = [r["speedup"] for r in runs]
+    low = statistics.median(r["ci"][0] for r in runs)
+    high = statistics.median(r["ci"][1] for r in runs)
+    kind, bar, rule = threshold_rule(low, high)
+    return {"reference": statistics.median(speedups), "reference_low": low, "reference_high": high,
+            "kind": kind, "threshold": round(bar, 4), "rule": rule}
+
+
+def expectations_path(hardware_class: str, directory: Path | None = None) -> Path:
+    return (directory or default_dir()) / f"{hardware_class}.json"
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); re-run perflab calibrate") from exc
+    if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {SCHEMA} v{VERSION} file; re-run perflab calibrate")
+    return data
+
+
+def load_expectation(name: str, machine: Any = None, *, directory: Path | None = None) -> Expectation:
+    """The bar for optimisation `name` on `machine` (default: this one); conservative rules where uncalibrated."""
+    if machine is None:
+        from perflab import env
+
+        machine = env.machine_info()
+    hw = machine if isinstance(machine, str) else machine.hardware_class
+    path = expectations_path(hw, directory)
+    if path.is_file():
+        entry = load_file(path).get("optimisations", {}).get(name)
+        if entry is not None and "threshold" in entry:
+            return Expectation(name, float(entry["threshold"]), entry["kind"], hw, True,
+                               f"calibrated on {hw}: reference {entry['reference']:.2f}x; {entry['rule']}")
+        missing = (f"{path.name} has no entry for {name!r}" if entry is None
+                   else f"{path.name}: the reference runs for {name!r} all failed")
+    else:
+        missing = f"no calibration for hardware class {hw!r} ({path.name} not found)"
+    if any(name.startswith(cost) for cost in KNOWN_COSTS):
+        return Expectation(name, COST_FLOOR, "cost", hw, False,
+                           f"{missing}; conservative rule: a cost optimisation may be slower, not below {COST_FLOOR}x")
+    return Expectation(name, PARITY_BAR, "parity", hw, False,
+                       f"{missing}; conservative rule: no gain required, no regression below {PARITY_BAR}x")

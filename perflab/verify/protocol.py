@@ -1,0 +1,330 @@
+"""The parent side of a verification: start a fresh interpreter, limit it, read its JSON, decide.
+
+The child (`perflab.verify.child`) measures; this process decides from the child's raw block
+times, so a verdict can always be recomputed from what it carries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perflab.verify import decide, guard
+from perflab.verify.candidates import Side
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("pass", "fail", "inconclusive", "error")
+# Wall-time limit of one verification: the timing budget (20 s) plus building both sides and their
+# warm-up, which on a 2-core CPU includes up to ~2 minutes of torch.compile for ResNet-18.
+TIME_LIMIT_SECONDS = 300.0
+# Address-space limit of the child on CPU: importing torch reserves ~3 GiB of address space and
+# ResNet-18 training at grade and laptop sizes stays under 2 GiB resident; a candidate that wants more
+# is broken. On CUDA the driver reserves far more address space than it uses, so no limit is set there.
+MEMORY_LIMIT_BYTES = 8 * 2**30
+# A claim is "far off" when it lies outside the re-measured CI stretched by this fraction either way:
+# students time on their own machines, so an honest figure can sit a little outside ours.
+CLAIM_TOLERANCE = 0.25
+# The child's timed total may exceed the parent's wall clock by this much (clock granularity) before
+# it counts as a doctored clock: the timed blocks are a strict part of the child's life.
+WALL_SLACK_SECONDS = 0.05
+# How much of the child's stderr a reason quotes.
+STDERR_TAIL = 400
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verification concluded, with the raw block times it concluded from.
+
+    outcome      pass | fail | inconclusive | error
+    code         a named reason: "faster" / "not_faster" / "undecided" when measured, else the check
+                 that stopped it ("loss_mismatch", "clock_tampered", "timeout", ...)
+    reason       one or two sentences a student can read
+    """
+
+    outcome: str
+    code: str
+    reason: str
+    expectation: float
+    claim: float | None = None
+    claim_far_off: bool = False
+    baseline_times: tuple[float, ...] = ()
+    candidate_times: tuple[float, ...] = ()
+    block_steps: int = 0
+    seed: int = 0
+    elapsed_seconds: float = 0.0
+    timed_seconds: float = 0.0
+    baseline: str = ""
+    candidate: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome: {self.outcome!r} is not one of {', '.join(OUTCOMES)}")
+        object.__setattr__(self, "baseline_times", tuple(float(x) for x in self.baseline_times))
+        object.__setattr__(self, "candidate_times", tuple(float(x) for x in self.candidate_times))
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "pass"
+
+    @property
+    def pairs(self) -> int:
+        return len(self.baseline_times)
+
+    @property
+    def speedup(self) -> float | None:
+        """Ratio of the 20th-percentile block times (derived from the raw samples)."""
+        if self.pairs < 2:
+            return None
+        return decide.speedup(self.baseline_times, self.candidate_times)
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        """Bootstrap 95% CI of `speedup` (deterministic: seeded by the verification's seed)."""
+        if self.pairs < 2:
+            return None
+        return decide.bootstrap_ratio_ci(self.baseline_times, self.candidate_times, seed=self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["baseline_times"] = list(self.baseline_times)
+        data["candidate_times"] = list(self.candidate_times)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        return cls.from_dict(json.loads(text))
+
+    def to_row(self, name: str) -> dict[str, Any]:
+        """The `verification` row of a results file (`perflab.results`)."""
+        row: dict[str, Any] = {"name": name, "verdict": self.outcome, "reason": self.reason}
+        if self.speedup is not None:
+            row["speedup"] = self.speedup
+            row["ci"] = list(self.ci or ())
+        return row
+
+    def describe(self) -> str:
+        lines = [f"{self.outcome.upper()} ({self.code}): {self.reason}"]
+        if self.speedup is not None and self.ci is not None:
+            lo, hi = self.ci
+            lines.append(f"speedup {self.speedup:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}], bar {self.expectation:.2f}x, "
+                         f"{self.pairs} pairs of {self.block_steps}-step blocks, {self.elapsed_seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def _preexec(memory_limit: int | None) -> Any:
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if memory_limit:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+
+    return limit
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text[-STDERR_TAIL:]
+
+
+def run_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None) -> tuple[dict[str, Any] | None, str, float]:
+    """Run the child on `job`; its result (None if none came back), a reason when none did, and the wall time."""
+    with tempfile.TemporaryDirectory(prefix="perflab-verify-") as tmp:
+        tmpdir = Path(tmp)
+        job = dict(job, result_path=str(tmpdir / "result.json"))
+        stdout, stderr = tmpdir / "stdout.txt", tmpdir / "stderr.txt"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            start = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-I", "-m", "perflab.verify.child"],
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=tmp, env=env,
+                                    start_new_session=True, preexec_fn=_preexec(memory_limit))
+            timed_out = False
+            try:
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write(json.dumps(job).encode())
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+                try:
+                    proc.wait(timeout=time_limit)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc.pid)
+                    proc.wait()
+            except BaseException:  # interrupted (Ctrl-C): leave no child behind
+                _kill_group(proc.pid)
+                proc.wait()
+                raise
+            wall = time.perf_counter() - start
+            _kill_group(proc.pid)  # whatever the candidate left behind (loader workers, a fork)
+        result = None
+        try:
+            result = json.loads(Path(job["result_path"]).read_text())
+        except (OSError, ValueError):
+            result = None
+        if timed_out:
+            return None, f"timeout: the run did not finish within its {time_limit:.0f} s limit", wall
+        if result is None or result.get("nonce") != job["nonce"]:
+            code = proc.returncode
+            if code is not None and code < 0:
+                name = signal.Signals(-code).name
+                why = f"killed: the process died from signal {name}"
+                if name == "SIGKILL" and memory_limit:
+                    why += " (killed by the system or itself; out of memory is one cause)"
+            else:
+                why = f"crashed: the process exited with status {code} without a result"
+            tail = _tail(stderr)
+            return None, why + (f"; its last output: {tail}" if tail else ""), wall
+        return result, "", wall
+
+
+def _default_memory_limit(baseline: Side, candidate: Side) -> int | None:
+    import torch
+
+    devices = {s.kwargs.get("config", {}).get("device") for s in (baseline, candidate)}
+    if torch.cuda.is_available() and "cpu" not in devices:
+        return None
+    return MEMORY_LIMIT_BYTES
+
+
+def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | None = None,
+           budget: decide.Budget | None = None, seed: int = 0, threads: int | None = None,
+           time_limit: float = TIME_LIMIT_SECONDS, memory_limit: int | None | str = "auto",
+           hashes: dict[str, str] | None = None) -> Verdict:
+    """Re-measure `candidate` against perflab's reference `baseline` in a fresh interpreter; a `Verdict`.
+
+    baseline     a `TrainConfig` or `Side.reference(...)`: always perflab's code, never the student's
+    candidate    a `TrainConfig`, a `Side`, or the path of a module file that follows the contract
+    expectation  the speedup the candidate must clear (see `load_expectation`)
+    claim        the student's own figure, checked against the re-measured CI
+    hashes       perflab's file hashes the child must find (default: `guard.expected_hashes()`)
+    """
+    base_side = _as_side(baseline, "baseline")
+    cand_side = _as_side(candidate, "candidate")
+    if base_side.is_student_code:
+        raise ValueError("baseline: must be perflab's reference (a TrainConfig or Side.reference), "
+                         "never a module exported by the student; time the lab's reference baseline instead")
+    if not (expectation > 0 and math.isfinite(expectation)):
+        raise ValueError(f"expectation: must be a positive number, got {expectation!r}")
+    if claim is not None and not (isinstance(claim, (int, float)) and claim > 0 and math.isfinite(claim)):
+        raise ValueError(f"claim: must be a positive number (the speedup you measured), got {claim!r}")
+    budget = budget or decide.Budget()
+    if memory_limit == "auto":
+        memory_limit = _default_memory_limit(base_side, cand_side)
+    job = {"nonce": secrets.token_hex(16), "seed": seed, "threads": threads, "expectation": expectation,
+           "budget": budget.to_dict(), "baseline": base_side.to_dict(), "candidate": cand_side.to_dict(),
+           "hashes": hashes if hashes is not None else guard.expected_hashes()}
+    log.info("verifying %s against %s (bar %.2fx)", cand_side.label, base_side.label, expectation)
+    result, why, wall = run_child(job, time_limit=time_limit, memory_limit=memory_limit)  # type: ignore[arg-type]
+    common = {"expectation": expectation, "claim": claim, "seed": seed, "elapsed_seconds": wall,
+              "baseline": base_side.label, "candidate": cand_side.label}
+    if result is None:
+        return Verdict("error", why.split(":")[0], why, **common)
+    return judge(result, budget=budget, **common)
+
+
+def _as_side(value: Any, name: str) -> Side:
+    from perflab.workload import TrainConfig
+
+    if isinstance(value, Side):
+        return value
+    if isinstance(value, TrainConfig):
+        return Side.from_config(value)
+    if isinstance(value, (str, os.PathLike)):
+        return Side.module(value)
+    raise ValueError(f"{name}: expected a TrainConfig, a Side or a module path, got {type(value).__name__}")
+
+
+_ERROR_WORDS = {"raised": "the candidate raised an error", "out_of_memory": "the run ran out of memory",
+                "bad_candidate": "the candidate does not follow the lab's contract"}
+
+
+def judge(result: dict[str, Any], *, budget: decide.Budget, expectation: float, claim: float | None,
+          seed: int, elapsed_seconds: float, baseline: str = "", candidate: str = "") -> Verdict:
+    """The verdict on one child result (pure: tests feed it synthetic results)."""
+    common: dict[str, Any] = {"expectation": expectation, "claim": claim, "seed": seed,
+                              "elapsed_seconds": elapsed_seconds, "baseline": baseline, "candidate": candidate}
+    if "error" in result:
+        err = result["error"]
+        code = err.get("code", "raised")
+        reason = f"{_ERROR_WORDS.get(code, 'the run failed')}: {err.get('detail', '')}"
+        return Verdict("error", code, reason, details={"traceback": err.get("traceback", [])}, **common)
+    a = result.get("baseline_times", [])
+    b = result.get("candidate_times", [])
+    timed = float(result.get("timed_seconds", 0.0))
+    details = {k: result[k] for k in ("gate", "setup_seconds", "warmup_seconds", "import_seconds", "idle_cpu", "timing_wall_seconds",
+                                      "child_wall_seconds", "decision") if k in result}
+    common.update(baseline_times=a, candidate_times=b, block_steps=int(result.get("block_steps", 0)),
+                  timed_seconds=timed, details=details)
+    problems = list(result.get("problems", []))
+    if timed > elapsed_seconds + WALL_SLACK_SECONDS:
+        problems.insert(0, {"code": "clock_tampered",
+                            "detail": f"the child's timed blocks add up to {timed:.2f} s but the whole run took "
+                                      f"{elapsed_seconds:.2f} s of wall time"})
+    if problems:
+        first = problems[0]
+        more = f" (also: {', '.join(p['code'] for p in problems[1:])})" if len(problems) > 1 else ""
+        return Verdict("fail", first["code"], first["detail"] + more, **common)
+    if len(a) < 2 or len(a) != len(b):
+        return Verdict("error", "no_samples", "the run ended without enough timed blocks to estimate a speedup",
+                       **common)
+    if len(a) < budget.min_pairs:
+        # A CI from a handful of blocks is not a decision: an honest candidate could fail on noise.
+        return Verdict("inconclusive", "too_few_pairs",
+                       f"only {len(a)} timed pairs fit in the budget ({budget.min_pairs} are needed for a "
+                       "decision); flagged for review", **common)
+    verdict_decision = decide.decide(a, b, expectation, seed=seed)
+    child_decision = result.get("decision", {}).get("outcome")
+    if child_decision is not None and child_decision != verdict_decision.outcome:
+        return Verdict("fail", "results_tampered",
+                       f"the child reported {child_decision!r} but its own block times say "
+                       f"{verdict_decision.outcome!r}", **common)
+    lo, hi = verdict_decision.ci
+    est = verdict_decision.speedup
+    measured = f"re-measured speedup {est:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(a)} pairs)"
+    if verdict_decision.outcome == "pass":
+        outcome, code, reason = "pass", "faster", f"{measured} clears the expected {expectation:.2f}x"
+    elif verdict_decision.outcome == "fail":
+        outcome, code, reason = "fail", "not_faster", f"{measured} is below the expected {expectation:.2f}x"
+    else:
+        outcome, code = "inconclusive", "undecided"
+        reason = (f"{measured} still straddles the expected {expectation:.2f}x after the whole timing budget "
+                  "(flagged for review)")
+    far_off = False
+    if claim is not None:
+        far_off = claim < lo / (1 + CLAIM_TOLERANCE) or claim > hi * (1 + CLAIM_TOLERANCE)
+        if far_off:
+            reason += (f"; your claimed {claim:.2f}x lies outside the re-measured CI by more than "
+                       f"{CLAIM_TOLERANCE:.0%}")
+    return Verdict(outcome, code, reason, claim_far_off=far_off, **common)

@@ -1,0 +1,417 @@
+"""The ResNet-18 training workload: `TrainConfig` (every knob the labs touch) and the one loop it builds.
+
+Each knob changes one visible place in the loop: the loader (workers, pinning, prefetch), the
+augmentation (CPU transforms or kornia on the device), the memory format, the checkpoint wrapper,
+the compile call, the autocast context, and gradient accumulation. `perflab.phases` times those
+places without reshaping them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from perflab import env
+from perflab.phases import PhaseTimer
+
+AMP_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+OPTIMIZERS = ("sgd", "adam")
+# ResNet-18 halves the image five times; below 32 px the last stage has no spatial extent left.
+MIN_IMAGE_SIZE = 32
+MAX_IMAGE_SIZE = 1024
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every knob of the training workload. Invalid values raise `ValueError` naming the field."""
+
+    data: str = "tiny"
+    batch_size: int = 32
+    image_size: int = 32
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    gpu_augment: bool = False
+    amp_dtype: str | None = None
+    channels_last: bool = False
+    checkpoint_segments: int = 0
+    accumulation_steps: int = 1
+    compile_mode: str | None = None
+    device: str | None = None
+    seed: int = 0
+    optimizer: str = "sgd"
+    lr: float = 0.002  # SGD+momentum stays stable on the small synthetic sets (0.05 diverges at batch 16)
+    momentum: float = 0.9
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("batch_size", self.batch_size, low=1)
+        _check_int("num_workers", self.num_workers, low=0)
+        _check_int("accumulation_steps", self.accumulation_steps, low=1)
+        _check_int("checkpoint_segments", self.checkpoint_segments, low=0, high=len(RESNET_STAGES))
+        _check_int("seed", self.seed, low=0)
+        _check_int("image_size", self.image_size, low=MIN_IMAGE_SIZE, high=MAX_IMAGE_SIZE,
+                   why="ResNet-18 downsamples by 32")
+        if self.threads is not None:
+            _check_int("threads", self.threads, low=1)
+        if self.prefetch_factor is not None:
+            _check_int("prefetch_factor", self.prefetch_factor, low=1)
+            if self.num_workers == 0:
+                raise ValueError("prefetch_factor: only applies with num_workers > 0 (set num_workers or drop prefetch_factor)")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers: needs num_workers > 0")
+        if self.amp_dtype is not None and self.amp_dtype not in AMP_DTYPES:
+            raise ValueError(f"amp_dtype: {self.amp_dtype!r} is not one of None, {', '.join(map(repr, AMP_DTYPES))}")
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode: {self.compile_mode!r} is not one of None, {', '.join(map(repr, COMPILE_MODES))}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(map(repr, OPTIMIZERS))}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr: must be a positive finite number, got {self.lr!r}")
+        if self.device is not None:
+            env.pick_device(self.device)  # raises ValueError naming the device field
+        if self.amp_dtype is not None:
+            kind = self.device_type
+            if not env.supports_autocast(kind, AMP_DTYPES[self.amp_dtype]):
+                raise ValueError(
+                    f"amp_dtype: {self.amp_dtype!r} autocast is not supported on device {kind!r} here"
+                    + (" (use 'bf16' on CPU)" if kind == "cpu" else "")
+                )
+
+    @property
+    def device_type(self) -> str:
+        return env.pick_device(self.device).type
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one optimizer step consumes (micro-batch times accumulation steps)."""
+        return self.batch_size * self.accumulation_steps
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+
+def _check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    suffix = f" ({why})" if why else ""
+    if low is not None and value < low:
+        raise ValueError(f"{name}: must be at least {low}, got {value}{suffix}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: must be at most {high}, got {value}{suffix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def _sample_seed(seed: int, epoch: int, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """Yields (image, label, index); each sample's augmentation is seeded by (seed, epoch, index).
+
+    That makes the pixels a step sees independent of worker count, prefetching and pinning, so a
+    candidate loader can be checked for consuming exactly the baseline's samples.
+    """
+
+    def __init__(self, base: torch.utils.data.Dataset, seed: int) -> None:
+        self.base = base
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+        # `EpochSampler` sends (epoch, index): persistent workers never see `self.epoch` change.
+        epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_sample_seed(self.seed, epoch, index))
+            image, label = self.base[index]
+        return image, label, index
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """A shuffled order that depends only on (seed, epoch), yielding (epoch, index) keys.
+
+    DataLoader draws its workers' base seed from its generator at every new iterator but not when
+    persistent workers are reused, so an order drawn from that generator changes with
+    `persistent_workers`; and persistent workers keep their own copy of the dataset, so the epoch
+    has to travel with each key. Set `epoch` before starting an epoch's iterator.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        generator = torch.Generator().manual_seed(_sample_seed(self.seed, epoch, -1))
+        return iter([(epoch, i) for i in torch.randperm(self.size, generator=generator).tolist()])
+
+
+def build_dataset(config: TrainConfig) -> IndexedDataset:
+    from perflab import dataset
+
+    base = dataset.load(config.data, image_size=config.image_size, train=True,
+                        device_augment=config.gpu_augment)
+    return IndexedDataset(base, config.seed)
+
+
+def build_loader(config: TrainConfig, data: IndexedDataset | None = None) -> torch.utils.data.DataLoader:
+    """The DataLoader for `config`: seeded shuffling, every sample once per epoch, the loader knobs applied."""
+    data = data if data is not None else build_dataset(config)
+    generator = torch.Generator().manual_seed(config.seed)
+    kwargs: dict[str, Any] = {}
+    if config.num_workers > 0:
+        kwargs["persistent_workers"] = config.persistent_workers
+        if config.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = config.prefetch_factor
+    return torch.utils.data.DataLoader(
+        data,
+        batch_size=config.batch_size,
+        sampler=EpochSampler(len(data), config.seed),
+        drop_last=True,
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory and config.device_type == "cuda",
+        generator=generator,
+        **kwargs,
+    )
+
+
+class DeviceAugment(nn.Module):
+    """Augmentation on the device with kornia (flip, colour jitter, normalise), seeded per step."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        import kornia.augmentation as K
+
+        from perflab.dataset import MEAN, STD
+
+        self.seed = seed
+        self.ops = nn.Sequential(
+            K.RandomHorizontalFlip(),
+            K.ColorJitter(0.2, 0.2, 0.2, 0.0, p=0.8),
+            K.Normalize(mean=torch.tensor(MEAN), std=torch.tensor(STD)),
+        )
+
+    def forward(self, images: torch.Tensor, step: int) -> torch.Tensor:
+        devices = [images.device] if images.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(_sample_seed(self.seed, -1, step))
+            return self.ops(images)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+class CheckpointedStage(nn.Module):
+    """Runs a ResNet stage under `torch.utils.checkpoint`: its activations are recomputed in backward."""
+
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return checkpoint(self.stage, x, use_reentrant=False)
+        return self.stage(x)
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    """ResNet-18, randomly initialised from `config.seed`, with checkpointing and memory format applied."""
+    import torchvision
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    for name in RESNET_STAGES[: config.checkpoint_segments]:
+        setattr(model, name, CheckpointedStage(getattr(model, name)))
+    model = model.to(env.pick_device(config.device))
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr)
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class Workload:
+    """Everything one training run holds: the model (possibly compiled), optimizer, loader and device."""
+
+    config: TrainConfig
+    model: nn.Module
+    train_model: Callable[[torch.Tensor], torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    loader: torch.utils.data.DataLoader
+    device: torch.device
+    augment: DeviceAugment | None
+    num_classes: int
+    _batches: Iterator[Any] | None = field(default=None, repr=False)
+    _epoch: int = 0
+    steps_done: int = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.config.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=AMP_DTYPES[self.config.amp_dtype])
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next micro-batch, starting a new epoch (with fresh augmentation seeds) when one ends."""
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._epoch += 1
+            dataset = self.loader.dataset
+            if isinstance(dataset, IndexedDataset):
+                dataset.epoch = self._epoch
+            if isinstance(self.loader.sampler, EpochSampler):
+                self.loader.sampler.epoch = self._epoch
+            self._batches = iter(self.loader)
+            return next(self._batches)
+
+    def close(self) -> None:
+        """Stop loader workers (persistent ones live until their iterator is released)."""
+        self._batches = None
+
+
+def build(config: TrainConfig) -> Workload:
+    """Build the workload `config` describes (threads, data, model, optimizer, compile)."""
+    env.set_threads(config.threads)
+    device = env.pick_device(config.device)
+    data = build_dataset(config)
+    num_classes = len(data.base.classes)  # type: ignore[attr-defined]
+    model = build_model(config, num_classes)
+    optimizer = build_optimizer(config, model)
+    train_model: Callable[[torch.Tensor], torch.Tensor] = model
+    if config.compile_mode is not None:
+        train_model = torch.compile(model, mode=config.compile_mode)
+    augment = DeviceAugment(config.seed).to(device) if config.gpu_augment else None
+    return Workload(config, model, train_model, optimizer, build_loader(config, data), device,
+                    augment, num_classes)
+
+
+def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, list[int]]:
+    """One optimizer step (over `accumulation_steps` micro-batches). Returns its mean loss and the sample indices seen."""
+    timer = timer or PhaseTimer.disabled()
+    cfg, model = work.config, work.train_model
+    work.model.train()
+    indices: list[int] = []
+    total_loss = 0.0
+    for _ in range(cfg.accumulation_steps):
+        with timer.phase("data"):
+            images, labels, index = work.next_batch()
+        with timer.phase("h2d"):
+            images = images.to(work.device, non_blocking=cfg.pin_memory)
+            labels = labels.to(work.device, non_blocking=cfg.pin_memory)
+            if work.augment is not None:
+                images = work.augment(images.float().div_(255), work.steps_done)
+            if cfg.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+        with timer.phase("forward"), work.autocast():
+            logits = model(images)
+            loss = nn.functional.cross_entropy(logits, labels) / cfg.accumulation_steps
+        with timer.phase("backward"):
+            loss.backward()
+        total_loss += float(loss.detach())
+        indices.extend(int(i) for i in index)
+    with timer.phase("optimizer"):
+        work.optimizer.step()
+        work.optimizer.zero_grad(set_to_none=True)
+    work.steps_done += 1
+    return total_loss, indices
+
+
+def train(config: TrainConfig, steps: int, *, timer: PhaseTimer | None = None,
+          progress: bool = False) -> TrainRun:
+    """Build the workload and run `steps` optimizer steps; the losses and samples of each step come back."""
+    if steps < 1:
+        raise ValueError(f"steps: must be at least 1, got {steps}")
+    work = build(config)
+    run = TrainRun(config=config)
+    iterator = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="train", unit="step", leave=False)
+    try:
+        for _ in iterator:
+            loss, indices = train_step(work, timer)
+            run.losses.append(loss)
+            run.indices.append(indices)
+    finally:
+        work.close()
+    return run
+
+
+@dataclass
+class TrainRun:
+    config: TrainConfig
+    losses: list[float] = field(default_factory=list)
+    indices: list[list[int]] = field(default_factory=list)
+
+
+@torch.no_grad()
+def evaluate(work: Workload, batches: int | None = None) -> float:
+    """Top-1 accuracy of `work.model` on the evaluation view of its data (no augmentation)."""
+    from perflab import dataset
+
+    data = dataset.load(work.config.data, image_size=work.config.image_size, train=False,
+                        device_augment=work.config.gpu_augment)
+    loader = torch.utils.data.DataLoader(data, batch_size=work.config.batch_size, shuffle=False)
+    work.model.eval()
+    correct = total = 0
+    for i, (images, labels) in enumerate(loader):
+        if batches is not None and i >= batches:
+            break
+        images, labels = images.to(work.device), labels.to(work.device)
+        if work.config.gpu_augment:
+            from perflab.dataset import normalize
+
+            images = normalize(images.float().div_(255))
+        if work.config.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with work.autocast():
+            logits = work.model(images)
+        correct += int((logits.argmax(1) == labels).sum())
+        total += int(labels.numel())
+    return correct / max(total, 1)

@@ -1,0 +1,200 @@
+"""Shared helpers for the lab tests: find the labs, read their cells, autograde a notebook for real.
+
+Autograding goes through nbgrader itself (perflab.grading.nbgrader_api) in a temporary course
+folder, in tiny mode. A lab's solution and its blank student copy are each graded once per test
+session and cached, so the common checks (tests/test_labs_common.py) and a lab's own tests
+(tests/test_labNN.py) share the run:
+
+    run = labs_helpers.graded_solution("lab01_measure")   # GradedRun: scores, executed notebook, time
+    run = labs_helpers.graded_blank("lab01_measure")
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perflab.grading import nbgrader_api
+from perflab.labs import build
+
+REPO = Path(__file__).resolve().parents[1]
+# The kit's own tests run labs in tiny mode: the same code paths on a few images.
+TINY_ENV = {"PERFLAB_MODE": "tiny"}
+# Seconds one cell may run when a test autogrades (a tiny-mode cell takes seconds; this only
+# stops a hung kernel from hanging the suite).
+CELL_TIMEOUT = 300
+SOLUTION_STUDENT = "solution"
+BLANK_STUDENT = "blank"
+
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+HIDDEN_MARKERS = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+MARK_SCHEME_MARKERS = ("=== BEGIN MARK SCHEME ===", "=== END MARK SCHEME ===")
+
+
+def lab_names() -> list[str]:
+    return build.lab_names()
+
+
+def source_cells(lab: str) -> list[Any]:
+    return list(build.read_notebook(build.source_notebook(lab)).cells)
+
+
+def nbgrader_meta(cell: Any) -> dict[str, Any]:
+    return dict(cell.get("metadata", {}).get("nbgrader", {}))
+
+
+def grade_cells(lab: str) -> list[Any]:
+    return [c for c in source_cells(lab) if nbgrader_meta(c).get("grade")]
+
+
+def marker_problems(source: str, begin: str, end: str) -> list[str]:
+    """Why `begin`/`end` markers in `source` are unbalanced or nested (empty when fine)."""
+    problems, depth = [], 0
+    for number, line in enumerate(source.splitlines(), 1):
+        text = line.strip()
+        if text.startswith(begin):
+            if depth:
+                problems.append(f"line {number}: {begin} inside an open block")
+            depth += 1
+        elif text.startswith(end):
+            if not depth:
+                problems.append(f"line {number}: {end} without {begin}")
+            depth = max(depth - 1, 0)
+    if depth:
+        problems.append(f"{begin} never closed")
+    return problems
+
+
+def solution_lines(source: str) -> list[str]:
+    """The lines inside BEGIN/END SOLUTION (or HIDDEN TESTS) blocks of a cell."""
+    inside, out = False, []
+    for line in source.splitlines():
+        text = line.strip()
+        if text.startswith(("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS")):
+            inside = True
+        elif text.startswith(("### END SOLUTION", "### END HIDDEN TESTS")):
+            inside = False
+        elif inside:
+            out.append(line)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograding for real
+
+
+@dataclass(frozen=True)
+class GradedRun:
+    """One notebook autograded by nbgrader: its per-cell scores, the executed notebook and the time."""
+
+    lab: str
+    student: str
+    scores: tuple[nbgrader_api.CellScore, ...]
+    notebook: Any
+    seconds: float
+    folder: Path  # autograded/<student>/<lab>/: what the notebook wrote at run time lies here
+
+    @property
+    def autograded(self) -> list[nbgrader_api.CellScore]:
+        return [s for s in self.scores if not s.manual]
+
+    @property
+    def manual(self) -> list[nbgrader_api.CellScore]:
+        return [s for s in self.scores if s.manual]
+
+    def cell(self, grade_id: str) -> Any:
+        for cell in self.notebook.cells:
+            if nbgrader_meta(cell).get("grade_id") == grade_id:
+                return cell
+        raise KeyError(f"{self.lab}: no cell with grade_id {grade_id!r}")
+
+    def errors(self) -> list[str]:
+        """'cell N (grade_id): ename: evalue' for every cell that raised."""
+        out = []
+        for i, cell in enumerate(self.notebook.cells):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    gid = nbgrader_meta(cell).get("grade_id", "")
+                    out.append(f"cell {i} ({gid}): {output.get('ename')}: {output.get('evalue')}")
+        return out
+
+    def stderr_test_cells(self) -> list[str]:
+        """grade_ids of test cells with text on stderr (nbgrader scores those 0)."""
+        out = []
+        for cell in self.notebook.cells:
+            meta = nbgrader_meta(cell)
+            if meta.get("grade") and not meta.get("solution"):
+                text = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                               if o.get("output_type") == "stream" and o.get("name") == "stderr")
+                if text:
+                    out.append(f"{meta.get('grade_id')}: {text.strip()[:300]}")
+        return out
+
+
+def autograde(course: Path, lab: str, student: str, notebook: Path, *,
+              env: dict[str, str | None] | None = None, timeout: int = CELL_TIMEOUT) -> GradedRun:
+    """Submit `notebook` as `student` in `course` (lab already generated there) and autograde it."""
+    nbgrader_api.submit(course, lab, student, notebook)
+    start = time.perf_counter()
+    folder = nbgrader_api.autograde(course, lab, student, timeout=timeout, env=env or TINY_ENV)
+    seconds = time.perf_counter() - start
+    executed = build.read_notebook(nbgrader_api.autograded_notebook(course, lab, student))
+    return GradedRun(lab, student, tuple(nbgrader_api.scores(course, lab, student)), executed, seconds, folder)
+
+
+_ROOT: list[Path] = []
+_COURSES: dict[str, Path] = {}
+_RUNS: dict[tuple[str, str], GradedRun] = {}
+
+
+def _session_root() -> Path:
+    if not _ROOT:
+        root = Path(tempfile.mkdtemp(prefix="perflab-labtests-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _ROOT.append(root)
+    return _ROOT[0]
+
+
+def course_for(lab: str) -> Path:
+    """A course folder (one per lab per session) where `lab` has been generated from solutions/."""
+    if lab not in _COURSES:
+        course = nbgrader_api.make_course(_session_root() / re.sub(r"\W", "_", lab))
+        nbgrader_api.add_source(course, lab, build.source_notebook(lab))
+        nbgrader_api.generate_assignment(course, lab)
+        _COURSES[lab] = course
+    return _COURSES[lab]
+
+
+def graded_solution(lab: str) -> GradedRun:
+    """The lab's solution notebook, autograded in tiny mode (once per session)."""
+    key = (lab, SOLUTION_STUDENT)
+    if key not in _RUNS:
+        course = course_for(lab)
+        _RUNS[key] = autograde(course, lab, SOLUTION_STUDENT, build.source_notebook(lab))
+    return _RUNS[key]
+
+
+def graded_blank(lab: str) -> GradedRun:
+    """The lab's student copy as nbgrader releases it, unanswered, autograded in tiny mode (once per session)."""
+    key = (lab, BLANK_STUDENT)
+    if key not in _RUNS:
+        course = course_for(lab)
+        release = course / "release" / lab / f"{lab}.ipynb"
+        _RUNS[key] = autograde(course, lab, BLANK_STUDENT, release)
+    return _RUNS[key]
+
+
+_GENERATED: dict[str, str] = {}
+
+
+def generated(lab: str) -> str:
+    """What nbgrader generates from solutions/ for `lab` (all labs generated once per session)."""
+    if not _GENERATED:
+        _GENERATED.update(build.generated_notebooks())
+    return _GENERATED[lab]

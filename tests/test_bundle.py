@@ -1,0 +1,176 @@
+"""The student bundle (`python -m perflab.bundle`) carries the labs and the package, and leaks nothing:
+no solution, no hidden test, no model answer, no instructor folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from perflab import bundle
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = REPO / "solutions"
+# A solution line shorter than this (`return x`, `else:`) says nothing about the answer and may
+# appear in any Python file; longer ones are the answer itself.
+MIN_SECRET_LINE = 30
+# Consecutive answer lines that, found in the same order in a shipped file, mean a copied answer.
+COPY_RUN = 3
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "BEGIN MARK SCHEME")
+
+
+def _blocks(source: str) -> list[str]:
+    """Lines inside nbgrader's BEGIN/END SOLUTION and BEGIN/END HIDDEN TESTS blocks."""
+    inside, out = False, []
+    for line in source.splitlines():
+        text = line.strip()
+        if text.startswith("#") and ("BEGIN SOLUTION" in text or "BEGIN HIDDEN TESTS" in text):
+            inside = True
+        elif text.startswith("#") and ("END SOLUTION" in text or "END HIDDEN TESTS" in text):
+            inside = False
+        elif inside:
+            out.append(text)
+    return out
+
+
+def secret_lines() -> dict[str, str]:
+    """{line: lab} for every solution, hidden-test and model-answer line of every lab in solutions/
+    (a line that any lab also shows outside those blocks, e.g. lab 1's train step written out again
+    in lab 2's prose code, is public, not a secret)."""
+    out: dict[str, str] = {}
+    public: set[str] = set()
+    for notebook in sorted(SOLUTIONS.glob("*/*.ipynb")):
+        lab = notebook.parent.name
+        secret: set[str] = set()
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            hidden = set(_blocks(source))
+            if cell["cell_type"] == "markdown" and meta.get("solution") and "SOLUTION" not in source:
+                hidden |= {line.strip() for line in source.splitlines()}  # nbgrader blanks all of it
+            secret |= hidden
+            public |= {line.strip() for line in source.splitlines()} - hidden
+        out.update({line: lab for line in secret if len(line) >= MIN_SECRET_LINE})
+    return {line: lab for line, lab in out.items() if line not in public}
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> dict[str, bytes]:
+    path = bundle.build(tmp_path_factory.mktemp("dist") / "perflab-student.zip")
+    with zipfile.ZipFile(path) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def test_bundle_holds_every_lab_the_package_and_the_recipe(shipped):
+    names = set(shipped)
+    root = bundle.ROOT_NAME
+    for notebook in sorted(SOLUTIONS.glob("*/*.ipynb")):
+        lab = notebook.parent.name
+        assert f"{root}/labs/{lab}/{lab}.ipynb" in names, f"{lab} missing from the bundle"
+    for needed in ("perflab/__init__.py", "perflab/workload.py", "perflab/verify/protocol.py",
+                   "perflab/labs/common.py", "pyproject.toml", "environment.yml", "README.md",
+                   "datasets/recipe.json", "datasets/DATA_CARD.md", "datasets/README.md"):
+        assert f"{root}/{needed}" in names, needed
+    assert b"nbgrader validate" in shipped[f"{root}/README.md"]
+
+
+def test_bundle_has_no_instructor_paths(shipped):
+    for name in shipped:
+        parts = name.split("/")[1:]
+        assert parts[0] not in ("solutions", "autograder", "tests", "demo", "dist"), name
+        assert not {"build", "results", "__pycache__", ".ipynb_checkpoints"} & set(parts[:-1]), name
+        assert not name.endswith((".pyc", ".db")), name
+
+
+def _text(name: str, data: bytes) -> str:
+    text = data.decode("utf-8", "replace")
+    if name.endswith(".ipynb"):
+        return "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                         for c in json.loads(text)["cells"])
+    return text
+
+
+def test_bundle_has_no_marker_anywhere(shipped):
+    for name, data in shipped.items():
+        text = data.decode("utf-8", "replace")
+        for marker in MARKERS:
+            assert f"### {marker}" not in text and f"=== {marker}" not in text, f"{name}: {marker}"
+
+
+def test_student_notebooks_carry_no_solution_line(shipped):
+    secrets = secret_lines()
+    assert len(secrets) > 100, "the solutions should hold many answer lines; is solutions/ there?"
+    for name, data in shipped.items():
+        if name.endswith(".ipynb"):
+            lines = {line.strip() for line in _text(name, data).splitlines()}
+            leaked = sorted(f"{secrets[line]}: {line}" for line in lines & secrets.keys())
+            assert leaked == [], f"{name} carries solution lines: {leaked[:5]}"
+
+
+def copied_answers(shipped: dict[str, bytes]) -> list[str]:
+    """'file: lab/grade_id' where COPY_RUN consecutive lines of one answer appear in a shipped file
+    in the same order (one line alone may be ordinary code that perflab also holds)."""
+    blocks = []
+    for notebook in sorted(SOLUTIONS.glob("*/*.ipynb")):
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            lines = [line for line in _blocks(source) if line and not line.startswith("#")]
+            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            blocks.append((f"{notebook.parent.name}/{gid}", lines))
+    found = []
+    for name, data in shipped.items():
+        body = "\n".join(line.strip() for line in _text(name, data).splitlines() if line.strip())
+        for where, lines in blocks:
+            for i in range(len(lines) - COPY_RUN + 1):
+                run = lines[i:i + COPY_RUN]
+                if sum(map(len, run)) >= MIN_SECRET_LINE * 2 and "\n".join(run) in body:
+                    found.append(f"{name}: {where}")
+                    break
+    return found
+
+
+def test_student_notebooks_carry_no_copied_answer(shipped):
+    assert [f for f in copied_answers(shipped) if f.split(":")[0].endswith(".ipynb")] == []
+
+
+# The contract modules perflab/labs/labNN.py ship (the visible tests call their checks), and some
+# hold the grader's reference implementation of an answer, line for line: a student who opens the
+# module reads the answer. Until those references move to a module the bundle leaves out, this
+# test fails (strict: it turns red once they move, so the mark comes off).
+@pytest.mark.xfail(strict=True, reason="perflab/labs/lab03.py, lab04.py, lab05.py hold reference answers")
+def test_package_source_carries_no_copied_answer(shipped):
+    package = [f for f in copied_answers(shipped) if not f.split(":")[0].endswith(".ipynb")]
+    assert package == [], f"answers copied into shipped files: {package}"
+
+
+def test_bundle_refuses_a_file_with_a_solution(tmp_path):
+    fake = tmp_path / "repo"
+    (fake / "labs" / "lab09_x").mkdir(parents=True)
+    (fake / "labs" / "lab09_x" / "lab09_x.ipynb").write_text("### " + "BEGIN SOLUTION\nx = 1\n")
+    for entry, _ in bundle.CONTENTS[1:]:
+        target = fake / entry
+        if "." in Path(entry).name:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("{}")
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(ValueError, match="lab09_x.ipynb: holds"):
+        bundle.build(tmp_path / "out.zip", repo=fake)
+    assert not (tmp_path / "out.zip").exists()
+
+
+def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
+    for name, data in shipped.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    root = tmp_path / bundle.ROOT_NAME
+    code = ("import sys; sys.path.insert(0, '.'); import perflab, perflab.labs.common, perflab.verify, perflab.labs.lab01;"
+            "print(perflab.__file__)")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).resolve().is_relative_to(root.resolve())

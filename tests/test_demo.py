@@ -1,0 +1,86 @@
+"""The demo class (`python -m perflab.demo`) on Lab 1 in tiny mode: real notebooks, real nbgrader,
+the real grading pipeline; the grade table, the feedback and the reports say what they should."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+from perflab import demo as demo_mod
+
+pytestmark = pytest.mark.slow
+LAB = "lab01_measure"
+# The crasher and the partial student add two more notebook runs; the test keeps to the three cases
+# the demo must show (full marks, faked timing, a file that is not a notebook).
+STUDENTS = ("reference", "cheater", "broken")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, tiny_data):
+    lines: list[str] = []
+    result = demo_mod.run([LAB], out=tmp_path_factory.mktemp("demo") / "demo", mode="tiny",
+                          students=STUDENTS, cell_timeout=240, say=lines.append)
+    print("\n".join(lines) + "\n" + demo_mod.summary(result))
+    return result
+
+
+def _grades(demo) -> dict:
+    return json.loads(demo.grades_json.read_text(encoding="utf-8"))
+
+
+def _feedback_text(demo, student: str) -> str:
+    page = demo.course / "feedback" / student / LAB / f"{LAB}.html"
+    return html.unescape(re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8")))
+
+
+def test_reference_gets_every_autograded_mark(demo):
+    rows = [r for r in _grades(demo)["rows"] if r["student"] == "reference"]
+    auto = [r for r in rows if r["score"] not in ("", None)]
+    assert len(auto) >= 10
+    short = {r["cell"]: (r["score"], r["max_score"], r["error"]) for r in auto if float(r["score"]) != float(r["max_score"])}
+    assert short == {}, short
+    sub = next(s for s in _grades(demo)["submissions"] if s["student"] == "reference")
+    assert not sub["flagged"], sub["flags"]
+
+
+def test_cheater_gets_no_credit_for_faked_timings_and_is_told_why(demo):
+    rows = {r["cell"]: r for r in _grades(demo)["rows"] if r["student"] == "cheater"}
+    for cell in ("time_callable_visible", "time_callable_hidden"):
+        assert float(rows[cell]["score"]) == 0.0, rows[cell]
+    sub = next(s for s in _grades(demo)["submissions"] if s["student"] == "cheater")
+    assert sub["flagged"]
+    flags = " ".join(sub["flags"])
+    assert "time.perf_counter" in flags and "typed-in number" in flags
+    text = _feedback_text(demo, "cheater")
+    assert "timing and perflab must not be patched" in text
+    assert "is a typed-in number" in text
+
+
+def test_broken_notebook_gets_a_clear_error_line(demo):
+    sub = next(s for s in _grades(demo)["submissions"] if s["student"] == "broken")
+    assert sub["outcome"] == "failed" and sub["score"] == 0
+    assert any("not valid JSON" in note for note in sub["notes"]), sub["notes"]
+    assert "not a notebook (not valid JSON" in _feedback_text(demo, "broken")
+
+
+def test_reports_and_the_table_exist(demo):
+    assert demo.reports.keys() >= {"reference", "cheater"}
+    for path in [*demo.reports.values(), demo.class_report]:
+        text = path.read_text(encoding="utf-8")
+        assert text.startswith("<!DOCTYPE html>") or "<html" in text[:500], path
+        assert len(text) > 5000, path
+    assert "broken" not in demo.reports  # nothing ran: no results, said in the warnings
+    assert any(w.startswith("broken:") for w in demo.warnings)
+    table = demo.table()
+    assert "reference" in table and LAB in table
+    assert demo.grades_csv.is_file()
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="no lab lab99_nope"):
+        demo_mod.run(["lab99_nope"], out=tmp_path / "d")
+    with pytest.raises(ValueError, match="no synthetic student"):
+        demo_mod.run([LAB], out=tmp_path / "d", students=["mallory"])

@@ -1,0 +1,294 @@
+"""Unit tests of the autograder's parts: static checks, collect, state, feedback scrubbing, sandbox."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from perflab.grading import checks, collect, feedback, pipeline, sandbox, state
+from perflab.grading import nbgrader_api as nbapi
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grading"
+SOURCE = FIXTURE / "solutions" / "lab00_fixture" / "lab00_fixture.ipynb"
+
+
+def _release():
+    """The student copy of the fixture, made the way nbgrader does (solutions and hidden tests cut)."""
+    nb = nbformat.read(SOURCE, as_version=4)
+    for cell in nb.cells:
+        cell.source = feedback._HIDDEN_REGION.sub("", cell.source)
+    return nb
+
+
+# ---------------------------------------------------------------------------------------------
+# static checks
+
+
+@pytest.mark.parametrize("code, needle", [
+    ("import time\ntime.perf_counter = lambda: 0.0", "time.perf_counter"),
+    ("import time as t\nt.time = lambda: 0.0", "time.time"),
+    ("from time import perf_counter\nimport time\nsetattr(time, 'perf_counter', perf_counter)", "setattr on time"),
+    ("import sys\nsys.modules['perflab.verify'] = object()", "sys.modules.perflab.verify"),
+    ("import perflab.grading.timelock as tl\ntl.report_verdict = print", "perflab.grading.timelock.report_verdict"),
+    ("import torch\ntorch.cuda.Event = object", "torch.cuda.Event"),
+    ("claimed_speedup = 3.0", "typed-in number"),
+    ("results = {'speedup': 2.5}", "typed-in number"),
+    ("%timeit 1\nSPEEDUP = -4", "typed-in number"),
+])
+def test_scan_code_flags_patching_and_typed_in_claims(code, needle):
+    messages = checks.scan_code(code)
+    assert any(needle in m for m in messages), messages
+
+
+@pytest.mark.parametrize("code", [
+    "claimed_speedup = best_time(slow) / best_time(fast)",
+    "from time import perf_counter\nperf_counter = None",  # a local name, not the module's clock
+    "import time\nstart = time.perf_counter()",
+    "def f(:\n  broken",  # unparseable code is scored by running it, not here
+    "n_steps = 10",
+])
+def test_scan_code_leaves_honest_code_alone(code):
+    assert checks.scan_code(code) == []
+
+
+def test_inspect_rejects_what_is_not_a_notebook():
+    release = _release()
+    nb, findings = checks.inspect_submission(b"{not json", release)
+    assert nb is None and findings[0].fatal and "not valid JSON" in findings[0].message
+    nb, findings = checks.inspect_submission(b"\xff\xfe\x00", release)
+    assert nb is None and "not UTF-8" in findings[0].message
+    nb, findings = checks.inspect_submission(b'{"a": 1}', release)
+    assert nb is None and "not a Jupyter notebook" in findings[0].message
+    nb, findings = checks.inspect_submission(b'{"cells": [], "nbformat": 2}', release)
+    assert nb is None and "nbformat=2" in findings[0].message
+
+
+def test_inspect_upgrades_v3_and_reports_cell_tampering():
+    release = _release()
+    v3 = nbformat.writes(nbformat.convert(copy.deepcopy(release), 3)).encode()
+    nb, findings = checks.inspect_submission(v3, release)
+    assert nb is not None and nb.nbformat == 4
+    assert any("nbformat 3" in f.message for f in findings)
+
+    tampered = copy.deepcopy(release)
+    tampered.cells = [c for c in tampered.cells if checks.grade_id(c) != "test_fast_sum"]
+    mean_test = next(c for c in tampered.cells if checks.grade_id(c) == "test_mean")
+    tampered.cells.append(copy.deepcopy(mean_test))
+    mean_test.source = "assert True"
+    _, findings = checks.inspect_submission(nbformat.writes(tampered).encode(), release)
+    by_cell = {(f.cell, f.message.split(";")[0]) for f in findings}
+    assert ("test_fast_sum", "the graded cell was deleted (or its nbgrader metadata removed)") in by_cell
+    assert any(f.cell == "test_mean" and "appears 2 times" in f.message for f in findings)
+    edited = [f for f in findings if f.cell == "test_mean" and "edited" in f.message]
+    assert edited and edited[0].flag
+
+
+# ---------------------------------------------------------------------------------------------
+# collect
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("doejane_12345_67890_lab00_fixture.ipynb", ("doejane", "lab00_fixture")),
+    ("doejane_LATE_12345_67890_lab00_fixture-1.ipynb", ("doejane", "lab00_fixture")),
+    ("jdoe/lab00_fixture.ipynb", ("jdoe", "lab00_fixture")),
+    ("jdoe/anything.ipynb", "no known lab"),
+    ("lab00_fixture.ipynb", ("lab00", "lab00_fixture")),  # documented: the id is what precedes "_"
+    ("notes.txt", "not a notebook"),
+    ("justaname.ipynb", "no student id"),
+    ("bad!id_lab00_fixture.ipynb", "not a usable student id"),
+])
+def test_match_reads_student_and_lab_from_names(name, expected):
+    found = collect.match(name, ["lab00_fixture"])
+    if isinstance(expected, tuple):
+        assert found == expected
+    else:
+        assert isinstance(found, str) and expected in found
+
+
+def test_match_with_pattern_and_lab_override():
+    pattern = collect.re.compile(r"^(?P<student>[a-z]+)-hw\.ipynb$")
+    assert collect.match("alice-hw.ipynb", ["lab00_fixture"], "lab00_fixture", pattern) == ("alice", "lab00_fixture")
+    assert "does not match" in collect.match("alice.ipynb", ["lab00_fixture"], "lab00_fixture", pattern)
+
+
+def test_collect_from_an_lms_zip_lists_what_it_could_not_use(tmp_path):
+    course = nbapi.make_course(tmp_path / "course")
+    nbapi.add_source(course, "lab00_fixture", SOURCE)
+    release = nbformat.writes(_release()).encode()
+    download = tmp_path / "download.zip"
+    with zipfile.ZipFile(download, "w") as zf:
+        zf.writestr(zipfile.ZipInfo("alice_111_222_lab00_fixture.ipynb", (2026, 1, 1, 10, 0, 0)), release)
+        zf.writestr(zipfile.ZipInfo("alice_111_333_lab00_fixture-1.ipynb", (2026, 1, 2, 10, 0, 0)), release + b" ")
+        zf.writestr("bob_444_555_lab00_fixture.ipynb", release)
+        zf.writestr("carol_notes.txt", "hi")
+        zf.writestr("__MACOSX/._bob_444_555_lab00_fixture.ipynb", "junk")
+        zf.writestr("mystery.ipynb", release)
+    report = collect.collect(course, download)
+    assert sorted((c.student, c.lab) for c in report.collected) == [("alice", "lab00_fixture"), ("bob", "lab00_fixture")]
+    reasons = dict(report.unmatched)
+    assert "older copy" in reasons["alice_111_222_lab00_fixture.ipynb"]
+    assert "not a notebook" in reasons["carol_notes.txt"] and "no student id" in reasons["mystery.ipynb"]
+    kept = course / "submitted" / "alice" / "lab00_fixture" / "lab00_fixture.ipynb"
+    assert kept.read_bytes().endswith(b" ")  # the newer copy
+    assert (kept.parent / "timestamp.txt").is_file()
+    with pytest.raises(ValueError, match="--lab lab99"):
+        collect.collect(course, download, lab="lab99")
+
+
+# ---------------------------------------------------------------------------------------------
+# state
+
+
+def _record(student="alice", digest="abc", score=1.0):
+    cell = state.CellResult("test_mean", score, 2.0, verdict="inconclusive")
+    return state.Record(student, "lab00_fixture", digest, "graded", (cell,), notes=("a note",))
+
+
+def test_state_round_trips_and_knows_what_is_done(tmp_path):
+    st = state.State.load(tmp_path)
+    st.put(_record())
+    again = state.State.load(tmp_path)
+    assert again.get("lab00_fixture", "alice") == _record()
+    assert again.done("lab00_fixture", "alice", "abc") and not again.done("lab00_fixture", "alice", "changed")
+    assert again.get("lab00_fixture", "alice").inconclusive
+    (tmp_path / ".perflab" / "state.json").write_text("{broken")
+    with pytest.raises(ValueError, match="grading state is unreadable"):
+        state.State.load(tmp_path)
+
+
+def test_one_writer_at_a_time(tmp_path):
+    with state.lock(tmp_path), pytest.raises(state.BusyError, match="another `perflab grade` run"), state.lock(tmp_path):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# feedback
+
+
+def test_scrub_removes_hidden_tests_and_what_could_quote_them():
+    source = nbformat.read(SOURCE, as_version=4)
+    guarded = feedback.hidden_lines(source.cells)
+    assert set(guarded) == {"test_mean", "test_fast_sum"}
+    nb = copy.deepcopy(source)
+    test_mean = next(c for c in nb.cells if checks.grade_id(c) == "test_mean")
+    test_mean.outputs = [new_output("stream", name="stdout", text="printing a hidden input 1e6"),
+                         new_output("error", ename="AssertionError", evalue="hidden: large values that cancel",
+                                    traceback=["assert abs(mean([1e6, -1e6, 5.0]) - 5 / 3) < 1e-9"])]
+    with pytest.raises(feedback.HiddenTestLeak):
+        feedback.assert_nothing_hidden(nbformat.writes(nb), guarded, "test")
+    feedback.scrub(nb, guarded)
+    text = nbformat.writes(nb)
+    feedback.assert_nothing_hidden(text, guarded, "test")
+    assert "hidden: large values" not in text and "1e6" not in text
+    assert test_mean.outputs[0].ename == "AssertionError"
+    assert "assert mean([1, 2, 3]) == 2" in test_mean.source  # the visible test stays
+    feedback.add_notes(nb, ["cell 3: MemoryError"], "lab00_fixture, alice")
+    feedback.add_notes(nb, ["cell 3: MemoryError"], "lab00_fixture, alice")
+    assert sum(c.get("id") == feedback.NOTES_CELL_ID for c in nb.cells) == 1
+
+
+def test_failure_page_escapes_and_scores():
+    cells = [state.CellResult("test_mean", 0.0, 2.0), state.CellResult("essay", None, 3.0)]
+    page = feedback.failure_page("alice", "lab00_fixture", ["not valid JSON <script>"], cells)
+    assert "&lt;script&gt;" in page and "Score: 0 / 5" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# the sandbox
+
+
+def _sandboxed(tmp_path, code: str, limits: sandbox.Limits | None = None, hide=()):
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    program = ("import json, os, sys\n" + code +
+               "\nos.write(int(os.environ['PERFLAB_RESULT_FD']), json.dumps(out).encode())\n")
+    return sandbox.run([sys.executable, "-c", program], workdir=work,
+                       limits=limits or sandbox.Limits(wall_s=30), hide=hide, env={"HOME": str(work)})
+
+
+def test_sandbox_returns_its_result_on_a_private_pipe(tmp_path):
+    run = _sandboxed(tmp_path, "out = {'uid': os.getuid(), 'cwd': os.getcwd()}")
+    assert run.returncode == 0 and not run.timed_out
+    out = json.loads(run.result)
+    assert out["cwd"] == str((tmp_path / "work").resolve())
+    if os.geteuid() == 0:
+        assert out["uid"] != 0  # ran as the unprivileged sandbox user
+
+
+@pytest.mark.skipif(not sandbox.isolation().network_isolated, reason="this OS allows no network namespace")
+def test_sandbox_has_no_network_and_cannot_see_hidden_folders(tmp_path):
+    secret = tmp_path / "course"
+    secret.mkdir()
+    (secret / "gradebook.db").write_text("grades")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3); net = 'open'\n"
+            f"except OSError as exc:\n    net = type(exc).__name__\n"
+            f"out = {{'net': net, 'seen': os.path.exists({str(secret / 'gradebook.db')!r})}}\n"
+            f"try:\n    open({str(secret / 'x')!r}, 'w'); out['write'] = 'ok'\n"
+            f"except OSError as exc:\n    out['write'] = type(exc).__name__\n")
+    out = json.loads(_sandboxed(tmp_path, code, hide=[secret]).result)
+    assert out["net"] != "open" and not out["seen"] and out["write"] != "ok"
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nobody knocked
+    assert not (secret / "x").exists()
+
+
+def test_sandbox_limits_memory_and_file_size(tmp_path):
+    code = ("out = {}\ntry:\n    b = bytearray(6 * 1024**3); out['mem'] = 'ok'\nexcept MemoryError:\n    out['mem'] = 'MemoryError'\n"
+            "import signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "try:\n    open('big', 'wb').write(b'x' * 3_000_000); out['file'] = 'ok'\n"
+            "except OSError as exc:\n    out['file'] = type(exc).__name__\n")
+    limits = sandbox.Limits(wall_s=30, memory_bytes=2 * 1024**3, file_bytes=1024**2)
+    out = json.loads(_sandboxed(tmp_path, code, limits).result)
+    assert out == {"mem": "MemoryError", "file": "OSError"}
+
+
+def test_sandbox_wall_limit_kills_the_whole_tree(tmp_path):
+    import psutil
+
+    code = ("import subprocess\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            "start_new_session=True)\nimport time\ntime.sleep(600)\nout = {}")
+    before = {p.pid for p in psutil.process_iter()}
+    run = _sandboxed(tmp_path, code, sandbox.Limits(wall_s=3))
+    assert run.timed_out and run.wall_s < 40 and run.result == b""
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if p.pid not in before and "time.sleep(600)" in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+def test_limits_and_settings_reject_nonsense():
+    with pytest.raises(ValueError, match="wall_s"):
+        sandbox.Limits(wall_s=0)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        sandbox.Limits(memory_bytes=0)
+    with pytest.raises(ValueError, match="must be shorter"):
+        pipeline.Settings(limits=sandbox.Limits(wall_s=10), cell_timeout=10)
+
+
+def test_default_pool_never_shares_cores_with_timed_work():
+    assert pipeline.default_jobs(cores=2) == 1
+    assert pipeline.default_jobs(cores=3) == 1
+    assert pipeline.default_jobs(cores=8) == 4
+    assert pipeline.default_jobs(cores=64, gpus=2) == 2
+
+
+def test_release_refuses_to_ship_a_solution(tmp_path):
+    course = nbapi.make_course(tmp_path / "course")
+    (course / "release" / "lab00_fixture").mkdir(parents=True)
+    nb = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION")])
+    nbformat.write(nb, course / "release" / "lab00_fixture" / "lab00_fixture.ipynb")
+    with pytest.raises(ValueError, match="BEGIN SOLUTION"):
+        pipeline.release(course)

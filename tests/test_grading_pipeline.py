@@ -1,0 +1,198 @@
+"""End to end: a class of the fixture lab (good, partial, blank and every bad input) through
+`perflab grade setup / collect / grade / feedback / export / status` in a real course folder."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import html
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from perflab.cli import main
+from perflab.grading import export as export_mod
+from perflab.grading.state import State
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "grading"))
+import cases  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SOLUTIONS = Path(__file__).parent / "fixtures" / "grading" / "solutions"
+LAB = cases.LAB
+HIDDEN_TEXT = ("hidden: large values that cancel", "hidden: fast_sum disagrees", "BEGIN HIDDEN TESTS")
+# Small limits keep the class inside the test budget: a cell gets 6 s, a submission 40 s.
+GRADE_ARGS = ["--wall", "40", "--cell-timeout", "6", "--memory-gb", "4", "--processes", "256",
+              "--solutions", str(SOLUTIONS)]
+
+
+def cli(*args: object) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([str(a) for a in args])
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class")
+    course = root / "course"
+    assert cli("grade", "setup", "--course", course, "--solutions", SOLUTIONS)[0] == 0
+    code, text = cli("grade", "release", "--course", course, "--to", root / "labs")
+    with zipfile.ZipFile(text.split(": ", 1)[1].strip()) as zf:
+        shipped = b"".join(zf.read(n) for n in zf.namelist())
+    assert code == 0 and b"BEGIN SOLUTION" not in shipped and b"hidden: large" not in shipped
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    # The escape case tries these, in order: the gradebook, another student's hand-in, a new file.
+    other = course / "submitted" / "sol" / LAB / f"{LAB}.ipynb"
+    forbidden = [course / "gradebook.db", other, root / "outside.txt"]
+    release = course / "release" / LAB / f"{LAB}.ipynb"
+    expected = cases.make_class(release, SOLUTIONS / LAB / f"{LAB}.ipynb", root / "class",
+                                port=server.getsockname()[1], forbidden=forbidden)
+    download = root / "download.zip"
+    with zipfile.ZipFile(download, "w") as zf:
+        for path in sorted((root / "class").iterdir()):
+            zf.write(path, path.name.replace(f"_{LAB}", f"_1000_2000_{LAB}"))
+        zf.writestr("README.txt", "not a submission")
+        zf.writestr("nobody.ipynb", "{}")
+    code, collected = cli("grade", "collect", "--course", course, download)
+    assert code == 0
+    before = {p: p.read_bytes() for p in forbidden if p.exists()}
+
+    started = time.perf_counter()
+    code, graded_out = cli("grade", "grade", "--course", course, "--jobs", "2", *GRADE_ARGS)
+    print(f"graded {len(expected)} submissions in {time.perf_counter() - started:.0f} s")
+    assert code == 0, graded_out
+    assert cli("grade", "feedback", "--course", course)[0] == 0
+    assert cli("grade", "export", "--course", course)[0] == 0
+    yield {"course": course, "expected": expected, "collected": collected, "graded": graded_out,
+           "server": server, "forbidden": forbidden, "before": before, "root": root}
+    server.close()
+
+
+def _grades(course: Path) -> dict:
+    return json.loads((course / "export" / "grades.json").read_text())
+
+
+def test_collect_lists_what_it_could_not_match(graded):
+    text = graded["collected"]
+    assert f"collected {len(graded['expected'])} submission(s)" in text
+    assert "README.txt: not a notebook" in text and "nobody.ipynb: no student id" in text
+
+
+def test_every_submission_gets_the_right_score(graded):
+    doc = _grades(graded["course"])
+    got = {s["student"]: s for s in doc["submissions"]}
+    assert set(got) == set(graded["expected"])
+    wrong = {student: (got[student]["score"], exp.score) for student, exp in graded["expected"].items()
+             if got[student]["score"] != exp.score}
+    assert wrong == {}, f"(got, expected): {wrong}"
+    for student, exp in graded["expected"].items():
+        assert got[student]["flagged"] == exp.flagged, (student, got[student]["flags"])
+        assert (got[student]["outcome"] == "failed") == exp.failed, student
+
+
+def test_feedback_has_a_clear_line_for_each_and_never_a_hidden_test(graded):
+    course = graded["course"]
+    for student, exp in graded["expected"].items():
+        page = course / "feedback" / student / LAB / f"{LAB}.html"
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
+        assert exp.note in text, f"{student}: feedback lacks {exp.note!r}"
+        for secret in HIDDEN_TEXT:
+            assert secret not in text, f"{student}: feedback shows {secret!r}"
+        autograded = course / "autograded" / student / LAB / f"{LAB}.ipynb"
+        if autograded.exists():
+            assert not any(s in autograded.read_text() for s in HIDDEN_TEXT)
+
+
+def test_gradebook_intact_and_nothing_escaped_the_sandbox(graded):
+    from nbgrader.api import Gradebook
+
+    course, expected = graded["course"], graded["expected"]
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "perflab") as gb:
+        assert sorted(s.id for s in gb.students) == sorted(expected)
+        for student, exp in expected.items():
+            assert gb.find_submission(LAB, student).score == exp.score
+    for path, data in graded["before"].items():
+        if path.name != "gradebook.db":  # the gradebook changed: by its one writer, checked above
+            assert path.read_bytes() == data, f"{path} was modified"
+    assert not (graded["root"] / "outside.txt").exists()
+    with pytest.raises(BlockingIOError):
+        graded["server"].accept()  # the network case never reached the host
+
+
+def test_export_documents_cells_with_verdicts(graded):
+    course = graded["course"]
+    with open(course / "export" / "grades.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == export_mod.COLUMNS
+    assert len(rows) == 3 * len(graded["expected"])
+    cell = {(r["student"], r["cell"]): r for r in rows}
+    good = cell[("sol", "test_speedup")]
+    assert good["verdict"] == "pass" and float(good["speedup"]) > 1.5 and good["hardware_class"]
+    assert cell[("claim", "test_speedup")]["verdict"] == "fail"
+    assert cell[("claim", "test_speedup")]["flagged"] == "1"
+    assert "not valid JSON" in cell[("notjson", "test_mean")]["error"]
+    students = _grades(course)["students"]
+    assert students["sol"] == {"score": 10.0, "max_score": 10.0, "labs": {LAB: 10.0}}
+
+
+def test_status_and_a_rerun_grades_nothing_twice(graded):
+    course = graded["course"]
+    code, text = cli("grade", "status", "--course", course)
+    counts = {line.split()[0]: int(line.split()[1]) for line in text.splitlines()}
+    n = len(graded["expected"])
+    assert counts["pending"] == 0 and counts["graded"] + counts["failed"] == n and counts["failed"] == 1
+    assert counts["flagged"] == sum(e.flagged for e in graded["expected"].values())
+    before = State.load(course).records
+    code, text = cli("grade", "grade", "--course", course, *GRADE_ARGS)
+    assert f"graded 0 submission(s) (0 could not be run), {n} already graded" in text
+    assert State.load(course).records == before
+    assert all(r.merges == 1 for r in before.values())
+
+
+def test_a_run_killed_half_way_resumes_without_regrading(graded):
+    course, root = graded["course"], graded["root"]
+    late = root / "late"
+    late.mkdir()
+    for name in ("late1", "late2"):
+        (late / f"{name}_{LAB}.ipynb").write_bytes((root / "class" / f"blank_{LAB}.ipynb").read_bytes())
+    assert cli("grade", "collect", "--course", course, late)[0] == 0
+    late_args = ["--student", "late1", "--student", "late2"]
+    cmd = [sys.executable, "-c", "import sys; from perflab.cli import main; sys.exit(main())", "grade", "grade",
+           "--course", str(course), "--jobs", "1", *late_args, *GRADE_ARGS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = [k for k in State.load(course).records if k.startswith(f"{LAB}/late")]
+            if done:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run finished before it could be stopped"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    first = {k: v for k, v in State.load(course).records.items() if k.startswith(f"{LAB}/late")}
+    assert len(first) == 1
+    code, text = cli("grade", "grade", "--course", course, *late_args, *GRADE_ARGS)
+    assert "graded 1 submission(s)" in text and "1 already graded" in text
+    after = State.load(course).records
+    for key, record in first.items():
+        assert after[key] == record  # not graded again
+    assert all(after[f"{LAB}/{s}"].score == 0 and after[f"{LAB}/{s}"].merges == 1 for s in ("late1", "late2"))

@@ -1,0 +1,310 @@
+"""Lab 4 — Trade compute for memory: the notebook autogrades honestly, and its checks reject wrong answers."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import linecache
+import math
+
+import labs_helpers as H
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from perflab import workload
+from perflab.counting import restoring_buffers
+from perflab.labs import lab04
+
+LAB = lab04.LAB
+MANUAL = {"answer_memory_model", "answer_cost", "answer_budget", "answer_accumulation"}
+AUTOGRADED_POINTS = 80
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebook, autograded for real (tiny mode)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="known bug, open in the labs 4-6 issue: verify's idle-CPU probe reports "
+                   "'deferred work' for the checkpointed reference candidate on CPU, so the verified-cost cell fails")
+def test_solution_gets_full_autograded_marks(tiny_data) -> None:
+    run = H.graded_solution(LAB)
+    assert run.errors() == []
+    short = {s.grade_id: (s.auto_score, s.max_score) for s in run.autograded if s.auto_score != s.max_score}
+    assert short == {}, f"autograded cells below full marks: {short}"
+    assert sum(s.max_score for s in run.autograded) == AUTOGRADED_POINTS
+    assert {s.grade_id for s in run.manual} == MANUAL
+    assert all(s.needs_manual_grade for s in run.manual), "answered written cells wait for a person"
+
+
+@pytest.mark.slow
+def test_blank_copy_runs_and_scores_zero(tiny_data) -> None:
+    run = H.graded_blank(LAB)
+    assert len(run.scores) == len(H.graded_solution(LAB).scores)
+    scored = {s.grade_id: s.auto_score for s in run.scores if s.auto_score}
+    assert scored == {}, f"an unanswered notebook earned points: {scored}"
+    assert all(not s.needs_manual_grade for s in run.manual), "unchanged written cells are scored 0 outright"
+    assert any("NotImplementedError" in e for e in run.errors())
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="known bug, open in the labs 4-6 issue: verify's idle-CPU probe reports "
+                   "'deferred work' for the checkpointed reference candidate on CPU, so the verified-cost cell fails")
+def test_results_hold_memory_rows_and_the_verified_cost(tiny_data) -> None:
+    from perflab import results
+    from perflab.labs import common
+
+    run = H.graded_solution(LAB)
+    sections = results.load(common.results_path(LAB, run.folder))["sections"]
+    rows = sections["memory_vs_batch"]
+    sizes = lab04.sizes("tiny")
+    assert {(r["batch_size"], r["checkpointed"]) for r in rows} == {(b, c) for b in sizes.batches for c in (False, True)}
+    by = {(r["batch_size"], r["checkpointed"]): r["bytes"] for r in rows}
+    assert all(by[(b, True)] < by[(b, False)] for b in sizes.batches if b > 1), "checkpointing saves memory"
+    (cost,) = sections["speedups"]
+    assert len(cost["ci"]) == 2 and cost["verdict"] and cost["claimed"] == cost["speedup"]
+    (verdict,) = sections["verification"]
+    assert verdict["name"] == lab04.EXPECTATION and verdict["verdict"] in ("pass", "inconclusive")
+    largest = sections["largest_batch"]
+    assert largest["plain"] == sizes.budget_batch and largest["checkpointed"] > largest["plain"]
+    assert sections["accumulation"]["batchnorm_gap_train"] > 100 * sections["accumulation"]["batchnorm_gap_eval"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference-quality answers pass the checks (so a failing student knows it is their code)
+
+
+class _Stage(nn.Module):
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return self.stage(x)
+        return checkpoint(self.stage, x, use_reentrant=False,
+                          context_fn=lambda: (contextlib.nullcontext(), restoring_buffers(self.stage)))
+
+
+def good_checkpoint(model: nn.Module, stages):
+    for name in stages:
+        setattr(model, name, _Stage(getattr(model, name)))
+    return model
+
+
+def test_a_correct_checkpoint_passes_and_saves_what_the_reference_saves() -> None:
+    rows = lab04.check_checkpoint_stages(good_checkpoint, seed=11)
+    assert all(r["student"] == r["reference"] < r["plain"] for r in rows), rows
+    lab04.check_checkpoint_bn(good_checkpoint, seed=12, cases=1)
+
+
+def bisect_search(budget, memory_of, max_batch=lab04.MAX_BATCH):
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0) or max_batch < 1:
+        raise ValueError("bad arguments")
+    return lab04._reference_largest_batch(budget, memory_of, max_batch)
+
+
+def test_reference_search_stays_within_its_probe_limits() -> None:
+    for max_batch in (1, 2, 3, 7, 64, 300):
+        values = np.arange(1, max_batch + 1, dtype=float)
+        for answer in range(0, max_batch + 1):
+            tried = []
+
+            def mem(b, tried=tried):
+                tried.append(b)
+                return float(b)
+
+            assert lab04._reference_largest_batch(answer + 0.5, mem, max_batch) == answer
+            assert max(tried) <= max(1, 2 * answer) and len(tried) <= lab04.max_calls(answer), (answer, tried)
+            assert lab04._brute(answer + 0.5, values) == answer
+
+
+def test_a_correct_search_passes_both_checks() -> None:
+    lab04.check_largest_batch(bisect_search, seed=13)
+
+
+def test_a_correct_accumulation_passes() -> None:
+    def good(model, inputs, targets, micro):
+        if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+            raise ValueError("micro_batch_size")
+        model.zero_grad(set_to_none=True)
+        total, n = 0.0, len(inputs)
+        for s in range(0, n, micro):
+            loss = F.cross_entropy(model(inputs[s:s + micro]), targets[s:s + micro]) * (len(inputs[s:s + micro]) / n)
+            loss.backward()
+            total += float(loss)
+        return total
+
+    lab04.check_accumulate_gradients(good, seed=14)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks fail wrong answers (so a pass means something)
+
+
+def naive_checkpoint(model, stages):
+    for name in stages:
+        setattr(model, name, workload.CheckpointedStage(getattr(model, name)))
+    return model
+
+
+def test_checkpoint_that_recounts_batchnorm_fails_the_bn_check() -> None:
+    lab04.check_checkpoint_stages(naive_checkpoint, seed=21, cases=1)  # gradients and bytes are fine...
+    with pytest.raises(AssertionError, match="num_batches_tracked|running statistics"):
+        lab04.check_checkpoint_bn(naive_checkpoint, seed=21, cases=1)  # ...the statistics are not
+
+
+class _Sequential(nn.Module):
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x):
+        return checkpoint_sequential(self.stage, 2, x, use_reentrant=False)
+
+
+def test_checkpoint_sequential_over_blocks_saves_too_little() -> None:
+    def sequential(model, stages):
+        for name in stages:
+            setattr(model, name, _Sequential(getattr(model, name)))
+        return model
+
+    with pytest.raises(AssertionError, match="last"):
+        lab04.check_checkpoint_stages(sequential, seed=22, cases=1)
+
+
+def test_checkpoint_skipped_on_inputs_without_grad_saves_nothing_on_the_first_stage() -> None:
+    # StagedNet's stem takes the raw input: perflab's simple wrapper runs it plainly there.
+    with pytest.raises(AssertionError, match="saving"):
+        lab04.check_checkpoint_stages(naive_checkpoint, seed=23, cases=2)
+
+
+def test_checkpoint_on_a_copy_fails() -> None:
+    def copying(model, stages):
+        return good_checkpoint(copy.deepcopy(model), stages)
+
+    with pytest.raises(AssertionError, match="parameters are not the original"):
+        lab04.check_checkpoint_stages(copying, seed=24, cases=1)
+
+
+def test_search_that_probes_max_batch_first_fails() -> None:
+    def top_down(budget, memory_of, max_batch=lab04.MAX_BATCH):
+        lo, hi = 0, max_batch
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if memory_of(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    with pytest.raises(AssertionError, match="more than twice the answer"):
+        lab04.check_largest_batch(top_down, seed=25)
+
+
+def test_search_that_extrapolates_a_line_fails_on_allocator_steps() -> None:
+    def extrapolate(budget, memory_of, max_batch=lab04.MAX_BATCH):
+        if not budget > 0:
+            raise ValueError("budget")
+        a, b = memory_of(1), memory_of(2) if max_batch > 1 else memory_of(1)
+        if a > budget:
+            return 0
+        slope = b - a
+        return max_batch if slope <= 0 else int(min(max_batch, 1 + (budget - a) // slope))
+
+    with pytest.raises(AssertionError, match="largest batch within the budget"):
+        lab04.check_largest_batch(extrapolate, seed=26)
+
+
+def test_accumulation_without_weights_or_stale_gradients_cleared_fails() -> None:
+    def unweighted(model, inputs, targets, micro):
+        model.zero_grad(set_to_none=True)
+        chunks = range(0, len(inputs), micro)
+        for s in chunks:
+            (F.cross_entropy(model(inputs[s:s + micro]), targets[s:s + micro]) / len(chunks)).backward()
+        return float(F.cross_entropy(model(inputs), targets))
+
+    def keeps_stale(model, inputs, targets, micro):
+        n, total = len(inputs), 0.0
+        for s in range(0, n, micro):
+            loss = F.cross_entropy(model(inputs[s:s + micro]), targets[s:s + micro]) * len(inputs[s:s + micro]) / n
+            loss.backward()
+            total += float(loss)
+        return total
+
+    def one_pass(model, inputs, targets, micro):
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        return float(loss)
+
+    for wrong, match in ((unweighted, "micro-batches|gradient of"), (keeps_stale, "gradient of"),
+                         (one_pass, "the model saw batches")):
+        with pytest.raises(AssertionError, match=match):
+            lab04.check_accumulate_gradients(wrong, seed=27)
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory model, the export, and the candidate it makes
+
+
+def test_memory_model_is_affine_and_checkpointing_lowers_its_slope() -> None:
+    plain = lab04.memory_model(lab04.resnet18(10), 64)
+    ckpt = lab04.memory_model(good_checkpoint(lab04.resnet18(10), lab04.STAGES), 64)
+    batches = [1, 2, 3, 5]
+    intercept, slope = lab04.fit_line(batches, [plain.activations(b) for b in batches])
+    assert all(abs(plain.activations(b) - (intercept + slope * b)) < 1e-6 * slope for b in batches)
+    _, ckpt_slope = lab04.fit_line(batches, [ckpt.activations(b) for b in batches])
+    assert 0.3 * slope < ckpt_slope < 0.7 * slope
+    assert plain.static_bytes == ckpt.static_bytes == 3 * sum(p.numel() * 4 for p in plain.model.parameters())
+    calls = plain.calls
+    plain(3)
+    assert plain.calls == calls, "a measured batch size is remembered"
+
+
+def test_memory_model_explains_batchnorm_at_one_sample_of_32_px() -> None:
+    with pytest.raises(ValueError, match="at least 64 px"):
+        lab04.memory_model(lab04.resnet18(10), 32)(1)
+
+
+def test_source_of_a_class_defined_in_a_notebook_cell() -> None:
+    filename = "/tmp/ipykernel_0/0000.py"
+    text = "import torch\n\n\nclass Wrapped(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    try:
+        namespace: dict = {}
+        exec(compile(text, filename, "exec"), namespace)
+        source = lab04.source_of(namespace["Wrapped"])
+    finally:
+        linecache.cache.pop(filename, None)
+    assert source.startswith("class Wrapped(torch.nn.Module):") and source.rstrip().endswith("return x")
+
+
+def test_exported_candidate_trains_like_the_baseline(tiny_data, tmp_path) -> None:
+    import importlib.util
+
+    from perflab.verify import candidates
+
+    config = lab04.baseline_config("tiny").replace(device="cpu")
+    path = lab04.export_candidate(tmp_path / "candidate.py", good_checkpoint, _Stage, config=config)
+    spec = importlib.util.spec_from_file_location("lab04_candidate_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    step = module.make_step(3)
+    base = candidates.config_step(3, config.to_dict())
+    assert type(step.work.model.layer1).__name__ == "_Stage"  # the exported copy of the class
+    for _ in range(2):
+        (loss_a, idx_a), (loss_b, idx_b) = base(), step()
+        assert idx_a == idx_b and math.isclose(loss_a, loss_b, rel_tol=1e-5)
+    with pytest.raises(ValueError, match="not a ResNet-18 stage"):
+        lab04.export_candidate(tmp_path / "bad.py", good_checkpoint, config=config, stages=("layer9",))
+
+
+def test_calibration_pair_checkpoints_every_stage() -> None:
+    base, cand = lab04.calibration_pair("tiny")
+    assert cand == base.replace(checkpoint_segments=len(lab04.GRADED_STAGES))
+    assert lab04.EXPECTATION.startswith("checkpoint")  # uncalibrated, verify's known-cost rule applies

@@ -1,0 +1,357 @@
+"""Lab 6 — Put it together: the notebook autogrades honestly, and its checks reject wrong answers."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import labs_helpers as H
+import numpy as np
+import pytest
+
+from perflab import env, results
+from perflab.labs import common, lab06
+from perflab.workload import TrainConfig
+
+LAB = lab06.LAB
+MANUAL = {"answer_memory", "analysis"}
+AUTOGRADED_POINTS = 75
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference answers (what the solution notebook holds) and typical wrong ones
+
+
+def good_cumulative(measurements, *, quantile=lab06.QUANTILE, seed=lab06.CI_SEED):
+    items = list(measurements.items())
+    if len(items) < 2:
+        raise ValueError("measurements: need two entries")
+    base = items[0][1]
+    for name, times in items:
+        if len(times) < 2 or len(times) != len(base):
+            raise ValueError(f"measurements: {name} has the wrong number of blocks")
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            raise ValueError(f"measurements: {name} has a bad time")
+    q0 = float(np.quantile(base, quantile))
+    return [{"name": n, "speedup": q0 / float(np.quantile(t, quantile)),
+             "ci": list(lab06.ratio_ci(base, t, quantile, seed)), "cumulative": True} for n, t in items[1:]]
+
+
+def chained_cumulative(measurements, *, quantile=lab06.QUANTILE, seed=lab06.CI_SEED):
+    """Each entry against the one before it: the step, not the cumulative speedup."""
+    items = list(measurements.items())
+    return [{"name": n, "speedup": float(np.quantile(p, quantile)) / float(np.quantile(t, quantile)),
+             "ci": list(lab06.ratio_ci(p, t, quantile, seed)), "cumulative": True}
+            for (_, p), (n, t) in zip(items, items[1:], strict=False)]
+
+
+def median_cumulative(measurements, *, quantile=lab06.QUANTILE, seed=lab06.CI_SEED):
+    rows = good_cumulative(measurements, quantile=quantile, seed=seed)
+    base = list(measurements.values())[0]
+    for row in rows:
+        row["speedup"] = float(np.median(base)) / float(np.median(measurements[row["name"]]))
+    return rows
+
+
+def unpaired_cumulative(measurements, *, quantile=lab06.QUANTILE, seed=lab06.CI_SEED):
+    from perflab import stats
+
+    rows = good_cumulative(measurements, quantile=quantile, seed=seed)
+    base = list(measurements.values())[0]
+    for row in rows:
+        ci = stats.bootstrap_ratio_ci(base, measurements[row["name"]], stats.quantile_of(quantile), seed=seed)
+        row["ci"] = [ci.low, ci.high]
+    return rows
+
+
+def good_table(rows):
+    for row in rows:
+        s = row["speedup"]
+        if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise ValueError(f"rows: {row['name']} has a bad speedup")
+    if not rows:
+        return []
+    total = math.log(rows[-1]["speedup"])
+    out, prev = [], 1.0
+    for row in rows:
+        step = row["speedup"] / prev
+        share = math.log(step) / total if abs(total) >= math.log1p(lab06.PARITY) else None
+        out.append({"name": row["name"], "cumulative": row["speedup"], "ci": row.get("ci"), "step": step,
+                    "share": share})
+        prev = row["speedup"]
+    return out
+
+
+def linear_share_table(rows):
+    """Shares of the speedup's excess over 1 instead of its logarithm: wrong when steps multiply."""
+    out = good_table(rows)
+    final = rows[-1]["speedup"] if rows else 1.0
+    for rec in out:
+        if rec["share"] is not None:
+            rec["share"] = (rec["step"] - 1) / (final - 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebook, autograded for real (tiny mode)
+
+
+@pytest.mark.slow
+def test_solution_gets_full_autograded_marks(tiny_data) -> None:
+    run = H.graded_solution(LAB)
+    assert run.errors() == []
+    short = {s.grade_id: (s.auto_score, s.max_score) for s in run.autograded if s.auto_score != s.max_score}
+    assert short == {}, f"autograded cells below full marks: {short}"
+    assert sum(s.max_score for s in run.autograded) == AUTOGRADED_POINTS
+    assert {s.grade_id for s in run.manual} == MANUAL
+    assert all(s.needs_manual_grade for s in run.manual), "answered written cells wait for a person"
+
+
+@pytest.mark.slow
+def test_blank_copy_runs_and_scores_zero(tiny_data) -> None:
+    run = H.graded_blank(LAB)
+    assert len(run.scores) == len(H.graded_solution(LAB).scores)
+    scored = {s.grade_id: s.auto_score for s in run.scores if s.auto_score}
+    assert scored == {}, f"an unanswered notebook earned points: {scored}"
+    assert all(not s.needs_manual_grade for s in run.manual), "unchanged written cells are scored 0 outright"
+    assert any("NotImplementedError" in e for e in run.errors())
+
+
+@pytest.mark.slow
+def test_results_and_report_hold_the_ablation(tiny_data) -> None:
+    run = H.graded_solution(LAB)
+    path = common.results_path(LAB, run.folder)
+    doc = results.load(path)
+    sections = doc["sections"]
+    assert {"baseline", "speedups", "phases", "memory_vs_batch", "accuracy", "mfu", "verification",
+            "analysis", "screening", "ablation"} <= set(sections)
+    cumulative = [r for r in sections["speedups"] if r.get("cumulative")]
+    assert cumulative and all(r["ci"][0] <= r["speedup"] <= r["ci"][1] for r in cumulative)
+    assert cumulative[-1]["verdict"] in ("pass", "inconclusive") and cumulative[-1]["claimed"] == cumulative[-1]["speedup"]
+    assert set(sections["phases"]) == {"before", "after"}
+    assert {r["checkpointed"] for r in sections["memory_vs_batch"]} == {False, True}
+    assert [v["name"] for v in sections["verification"]] == [lab06.EXPECTATION, "accuracy kept"]
+    assert sections["analysis"].startswith("## What limited the baseline"), "the analysis cell's text is saved"
+    assert sections["mfu"]["peak_flops"] > 0 and sections["mfu"]["achieved_flops_per_s"] > 0
+    page = (run.folder / lab06.REPORT_FILE).read_text(encoding="utf-8")
+    assert lab06.report_problems(run.folder / lab06.REPORT_FILE, path) == []
+    assert "What limited the baseline" in page and 'id="fig-speedup-waterfall"' in page
+    assert run.cell("test_final_verified").outputs, "the verification cell shows its verdict"
+
+
+# ---------------------------------------------------------------------------------------------
+# cumulative_speedups and ablation_table: the checks pass a right answer and fail the usual wrong ones
+
+
+def test_good_cumulative_passes_and_the_usual_mistakes_fail() -> None:
+    lab06.check_cumulative_speedups(good_cumulative, seed=1)
+    with pytest.raises(AssertionError, match="ORIGINAL baseline"):
+        lab06.check_cumulative_speedups(chained_cumulative, seed=1)
+    with pytest.raises(AssertionError, match="ratio of medians"):
+        lab06.check_cumulative_speedups(median_cumulative, seed=1)
+    with pytest.raises(AssertionError, match="paired"):
+        lab06.check_cumulative_speedups(unpaired_cumulative, seed=1)
+
+    def unchecked(measurements, **kw):
+        return [] if len(measurements) < 2 else good_cumulative(measurements, **kw)
+
+    with pytest.raises(AssertionError, match="only the baseline"):
+        lab06.check_cumulative_speedups(unchecked, seed=1)
+
+
+def test_visible_example_is_against_the_original_baseline() -> None:
+    example = {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55], "+ bf16": [0.25, 0.3, 0.26, 0.25]}
+    assert [round(r["speedup"], 12) for r in good_cumulative(example)] == [2.0, 4.0]
+    assert [round(r["speedup"], 12) for r in chained_cumulative(example)] == [2.0, 2.0]
+    assert lab06.cumulative_problems(chained_cumulative, example)
+
+
+def test_good_table_passes_and_linear_shares_fail() -> None:
+    lab06.check_ablation_table(good_table, seed=2)
+    with pytest.raises(AssertionError, match="share"):
+        lab06.check_ablation_table(linear_share_table, seed=2)
+
+    def no_parity(rows):
+        out = good_table(rows)
+        final = math.log(rows[-1]["speedup"]) if rows else 1.0
+        for rec in out:
+            rec["share"] = math.log(rec["step"]) / final if final else 0.0
+        return out
+
+    with pytest.raises(AssertionError, match="None"):
+        lab06.check_ablation_table(no_parity, seed=2)
+
+
+def test_random_measurements_are_valid_and_vary() -> None:
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(20):
+        m = lab06.random_measurements(rng)
+        lengths = {len(v) for v in m.values()}
+        assert len(lengths) == 1 and min(min(v) for v in m.values()) > 0
+        seen.add(len(m))
+    assert len(seen) > 2
+
+
+# ---------------------------------------------------------------------------------------------
+# FINAL, CHAIN, the plan, accuracy
+
+
+def test_final_may_change_speed_knobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    base = lab06.baseline_config()
+    fast = base.replace(num_workers=2, persistent_workers=True, prefetch_factor=2, channels_last=True)
+    chain = [("baseline", base), ("workers", base.replace(num_workers=2, persistent_workers=True, prefetch_factor=2)),
+             ("channels_last", fast)]
+    assert lab06.final_problems(fast, chain) == []
+    assert lab06.final_problems(base, [("baseline", base)]) == []
+    for change in ({"batch_size": 16}, {"gpu_augment": True}, {"lr": 0.1}, {"threads": 1}):
+        problems = lab06.final_problems(base.replace(**change))
+        assert problems and next(iter(change)) in problems[0]
+    assert "TrainConfig" in lab06.final_problems({"amp_dtype": "bf16"})[0]
+    assert "first configuration" in lab06.final_problems(fast, [("start", fast)])[0]
+    assert "last configuration" in lab06.final_problems(fast, chain[:2])[0]
+    assert "changes nothing" in lab06.final_problems(fast, [chain[0], ("same", base), chain[2]])[0]
+    assert "unique" in lab06.final_problems(fast, [chain[0], ("x", chain[1][1]), ("x", fast)])[0]
+    with pytest.raises(ValueError, match="batch_size"):
+        lab06.verify_final(base.replace(batch_size=16))  # refused before any process starts
+
+
+def _machine(device: str = "cpu", bf16: bool = False, cores: int = 2, gpu_bytes: int | None = None) -> env.MachineInfo:
+    info = env.machine_info()
+    return env.MachineInfo(**{**info.to_dict(), "device": device, "cpu_bf16": bf16, "cpu_count": cores,
+                              "gpu_memory_bytes": gpu_bytes,
+                              "hardware_class": "cpu-bf16" if bf16 else ("cpu" if device == "cpu" else device)})
+
+
+def _bars(kinds: dict[str, str]):
+    def lookup(name: str):
+        kind = kinds.get(name)
+        return SimpleNamespace(calibrated=kind is not None, kind=kind or "parity", hardware_class="test",
+                               reason=f"{name}: {kind}", threshold=1.0)
+    return lookup
+
+
+def test_plan_follows_calibration_and_hardware() -> None:
+    plain = {p.change.name: p for p in lab06.plan_changes(_machine(bf16=False), "tiny", expectations=_bars({}))}
+    assert plain["2 loader workers"].action == "try"
+    assert plain["bf16 autocast"].action == "skip" and "bf16 hardware" in plain["bf16 autocast"].reason
+    assert plain["channels_last"].action == "try"
+    assert plain["checkpoint every stage"].action == "skip"
+    assert plain["torch.compile"].action == "skip" and "lab 5" in plain["torch.compile"].reason
+    amx = {p.change.name: p for p in lab06.plan_changes(
+        _machine(bf16=True), "tiny", memory_needed=True,
+        expectations=_bars({"channels_last": "parity", "compile": "gain", "num_workers": "cost"}))}
+    assert amx["bf16 autocast"].action == "try"
+    assert amx["channels_last"].action == "skip" and "parity" in amx["channels_last"].reason
+    assert amx["2 loader workers"].action == "skip"
+    assert amx["checkpoint every stage"].action == "force"
+    assert amx["torch.compile"].action == "try"
+    many = lab06.plan_changes(_machine(cores=32), "tiny", expectations=_bars({}))[0].change
+    assert dict(many.fields)["num_workers"] == 4 and "pin_memory" not in many.fields
+
+
+def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab06, "needs_checkpointing", lambda config, info=None: False)
+    base = lab06.baseline_config("tiny")
+    assert lab06.reference_final("tiny", _machine(), expectations=_bars({})) == base
+    final = lab06.reference_final("tiny", _machine(bf16=True),
+                                  expectations=_bars({"channels_last": "gain", "amp_bf16": "gain", "num_workers": "parity"}))
+    assert final == base.replace(amp_dtype="bf16", channels_last=True)
+    assert lab06.final_problems(final, mode="tiny") == []
+
+
+def test_accuracy_tolerance_and_gate() -> None:
+    assert lab06.accuracy_tolerance(0.5, 10_000_000) == lab06.ACCURACY_MIN_TOLERANCE
+    assert math.isclose(lab06.accuracy_tolerance(0.5, 200), lab06.ACCURACY_Z * math.sqrt(2 * 0.25 / 200))
+    assert lab06.accuracy_tolerance(0.0, 16) == lab06.accuracy_tolerance(1 / 16, 16)
+    assert lab06.accuracy_problems({"baseline": 0.5, "final": 0.40, "n_eval": 200}) == []
+    problems = lab06.accuracy_problems({"baseline": 0.5, "final": 0.30, "n_eval": 200, "steps": 40})
+    assert problems and "40 fixed-seed steps" in problems[0]
+    with pytest.raises(ValueError, match="n_eval"):
+        lab06.accuracy_tolerance(0.5, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory, statistics, the analysis, the results it finds and the report
+
+
+def test_memory_lines_are_affine_and_checkpointing_flattens_them() -> None:
+    config = TrainConfig(image_size=32)
+    rows = lab06.memory_vs_batch(config, (2, 4, 8), num_classes=4)
+    plain = [r["bytes"] for r in rows if not r["checkpointed"]]
+    ckpt = [r["bytes"] for r in rows if r["checkpointed"]]
+    assert plain == sorted(plain) and ckpt == sorted(ckpt)
+    assert ckpt[-1] - ckpt[0] < plain[-1] - plain[0], "checkpointing saves fewer activations per image"
+    per_image = (plain[2] - plain[1]) / 4
+    assert math.isclose(plain[1] - plain[0], 2 * per_image, rel_tol=0.05)
+    budget = plain[0] + 100 * per_image
+    assert 95 <= lab06.largest_batch(rows, budget, False) <= 105
+    assert lab06.largest_batch(rows, budget, True) > lab06.largest_batch(rows, budget, False)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        lab06.training_memory(config, [1])
+
+
+def test_step_stat_derives_from_block_times() -> None:
+    out = lab06.step_stat([0.2, 0.22, 0.21, 0.4], block_steps=2, batch_size=8)
+    st, tp = out["step_time"], out["throughput"]
+    assert math.isclose(st["median"], float(np.quantile([0.1, 0.11, 0.105, 0.2], lab06.QUANTILE)))
+    assert st["ci"][0] <= st["median"] <= st["ci"][1] and tp["ci"][0] <= tp["median"] <= tp["ci"][1]
+    assert math.isclose(tp["median"], 8 / st["median"])
+
+
+def _notebook(tmp_path, text: str | list[str]) -> str:
+    cell = {"cell_type": "markdown", "metadata": {"nbgrader": {"grade_id": "analysis"}}, "source": text}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": "x = 1"}, cell]}))
+    return str(path)
+
+
+def test_read_analysis(tmp_path) -> None:
+    assert lab06.read_analysis(_notebook(tmp_path, ["## Heading\n", "text\n"])) == "## Heading\ntext"
+    assert lab06.read_analysis(_notebook(tmp_path, "YOUR ANSWER HERE\n")) == ""
+    with pytest.raises(ValueError, match="no cell with grade_id 'other'"):
+        lab06.read_analysis(_notebook(tmp_path, "x"), grade_id="other")
+    with pytest.raises(FileNotFoundError, match="working folder"):
+        lab06.read_analysis(tmp_path / "missing.ipynb")
+
+
+def _save(folder, lab: str, sections: dict) -> None:
+    common.save_results(lab, sections, folder=folder)
+
+
+def test_find_results_gathers_sibling_labs_and_skips_invalid(tmp_path) -> None:
+    here = tmp_path / "labs" / LAB
+    _save(here, LAB, {"analysis": "mine"})
+    _save(tmp_path / "labs" / "lab01_measure", "lab01_measure", {"counts": {"parameters": 3}})
+    _save(tmp_path / "labs" / "lab03_amp", "lab03_amp", {"analysis": "amp"})
+    (tmp_path / "labs" / "lab03_amp" / "results" / "lab02_feed.json").write_text("{not json")
+    copy = tmp_path / "labs" / "lab05_compile" / "results"
+    copy.mkdir(parents=True)
+    (copy / f"{LAB}.json").write_text((here / "results" / f"{LAB}.json").read_text())
+    found = lab06.find_results(here)
+    assert [p.parent.parent.name for p in found] == ["lab01_measure", "lab03_amp", LAB]
+    assert lab06.find_results(tmp_path / "nowhere") == []
+
+
+def test_report_check_finds_missing_parts(tmp_path) -> None:
+    from perflab import report
+
+    sections = {"speedups": [{"name": "bf16", "speedup": 1.5, "ci": [1.4, 1.6], "cumulative": True}],
+                "memory_vs_batch": [{"batch_size": b, "bytes": 1000 * b, "checkpointed": False} for b in (2, 4)],
+                "accuracy": {"baseline": 0.5, "final": 0.5},
+                "analysis": "## What limited the baseline\nThe convolutions dominated everything."}
+    _save(tmp_path, LAB, sections)
+    res = common.results_path(LAB, tmp_path)
+    page = tmp_path / "report.html"
+    report.write_report([res], page)
+    assert lab06.report_problems(page, res) == []
+    html = page.read_text(encoding="utf-8")
+    page.write_text(html.replace('<section id="roofline">', "<section>").replace("convolutions", "c"))
+    problems = lab06.report_problems(page, res)
+    assert any("'roofline'" in p for p in problems) and any("analysis" in p for p in problems)
+    assert "no report written" in lab06.report_problems(tmp_path / "none.html", res)[0]
+    res.write_text("{}")
+    assert "not valid" in lab06.report_problems(page, res)[0]

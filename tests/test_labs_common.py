@@ -1,0 +1,202 @@
+"""Checks every lab in solutions/ must pass (a new lab gets them by existing), and the lab helpers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import labs_helpers as H
+import nbformat
+import pytest
+
+from perflab import env
+from perflab.labs import build, common
+
+LABS = H.lab_names()
+TOTAL_POINTS = 100
+
+
+def _student_text(lab: str) -> str:
+    path = build.student_notebook(lab)
+    assert path.is_file(), f"{path} missing: run `make labs`"
+    return path.read_text(encoding="utf-8")
+
+
+def test_there_are_labs() -> None:
+    assert "lab01_measure" in LABS
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_ipynb_and_py_twin_agree(lab: str) -> None:
+    assert build.twin_problems(lab) == []
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_grade_ids_unique(lab: str) -> None:
+    ids = [H.nbgrader_meta(c).get("grade_id") for c in H.source_cells(lab) if H.nbgrader_meta(c)]
+    assert all(ids), f"{lab}: an nbgrader cell has no grade_id"
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    assert not duplicates, f"{lab}: duplicate grade_ids {duplicates}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_test_cells_locked_with_points(lab: str) -> None:
+    for cell in H.grade_cells(lab):
+        meta = H.nbgrader_meta(cell)
+        assert meta.get("points", 0) > 0, f"{lab} {meta['grade_id']}: a graded cell without points"
+        if not meta.get("solution"):
+            assert cell.cell_type == "code", f"{lab} {meta['grade_id']}: autograded tests must be code cells"
+            assert meta.get("locked"), f"{lab} {meta['grade_id']}: test cells must be locked"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_total_points(lab: str) -> None:
+    total = sum(H.nbgrader_meta(c)["points"] for c in H.grade_cells(lab))
+    assert total == TOTAL_POINTS, f"{lab}: {total} points, every lab has {TOTAL_POINTS}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_markers_balanced_and_in_the_right_cells(lab: str) -> None:
+    for i, cell in enumerate(H.source_cells(lab)):
+        meta = H.nbgrader_meta(cell)
+        where = f"{lab} cell {i} ({meta.get('grade_id', '-')})"
+        for begin, end in (H.SOLUTION_MARKERS, H.HIDDEN_MARKERS, H.MARK_SCHEME_MARKERS):
+            assert H.marker_problems(cell.source, begin, end) == [], where
+        if "BEGIN SOLUTION" in cell.source:
+            assert meta.get("solution"), f"{where}: solution markers in a cell that is not a solution cell"
+        if "BEGIN HIDDEN TESTS" in cell.source:
+            assert meta.get("grade") and not meta.get("solution"), f"{where}: hidden tests outside a test cell"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_cells_hold_solutions(lab: str) -> None:
+    """A code solution cell without markers would be wiped whole; with them, the student keeps the signatures."""
+    for cell in H.source_cells(lab):
+        meta = H.nbgrader_meta(cell)
+        if meta.get("solution") and cell.cell_type == "code":
+            assert "### BEGIN SOLUTION" in cell.source, f"{lab} {meta['grade_id']}: no BEGIN SOLUTION marker"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_student_copy_is_what_nbgrader_generates(lab: str) -> None:
+    assert _student_text(lab) == H.generated(lab), f"{build.student_notebook(lab)} is stale: run `make labs`"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_student_copy_has_no_solution_or_hidden_text(lab: str) -> None:
+    text = _student_text(lab)
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "MARK SCHEME"):
+        assert marker not in text, f"{lab}: {marker!r} in the student copy"
+    student = "\n".join(c.source for c in nbformat.reads(text, as_version=4).cells)
+    source = H.source_cells(lab)
+    outside = "\n".join(line for c in source for line in c.source.splitlines()
+                        if line not in H.solution_lines(c.source))
+    secret = {line.strip() for c in source for line in H.solution_lines(c.source)}
+    # Lines that also appear outside any solution block (a `return` shared by both) give nothing away.
+    leaked = sorted(s for s in secret if len(s) > 12 and s in student and s not in outside)
+    assert not leaked, f"{lab}: solution or hidden-test lines in the student copy: {leaked[:5]}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_written_answers_are_wiped(lab: str) -> None:
+    cells = nbformat.reads(_student_text(lab), as_version=4).cells
+    for cell in cells:
+        meta = H.nbgrader_meta(cell)
+        if meta.get("solution") and cell.cell_type == "markdown":
+            assert cell.source.strip() == "YOUR ANSWER HERE", f"{lab} {meta['grade_id']}: model answer released"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_no_test_cell_writes_stderr(lab: str, tiny_data) -> None:
+    run = H.graded_solution(lab)
+    assert run.stderr_test_cells() == [], "nbgrader scores a test cell that writes stderr 0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_runs_top_to_bottom_without_errors(lab: str, tiny_data) -> None:
+    assert H.graded_solution(lab).errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_saves_valid_results(lab: str, tiny_data) -> None:
+    from perflab import results
+
+    run = H.graded_solution(lab)
+    doc = results.load(common.results_path(lab, run.folder))
+    assert doc["lab"] == lab and doc["sections"], doc
+
+
+# ---------------------------------------------------------------------------------------------
+# The helpers themselves
+
+
+def test_marker_problems_finds_unbalanced_and_nested() -> None:
+    begin, end = H.SOLUTION_MARKERS
+    assert H.marker_problems(f"{begin}\nx\n{end}\n", begin, end) == []
+    assert H.marker_problems(f"{begin}\nx\n", begin, end) == [f"{begin} never closed"]
+    assert H.marker_problems(f"x\n{end}\n", begin, end) == [f"line 2: {end} without {begin}"]
+    assert H.marker_problems(f"{begin}\n{begin}\n{end}\n{end}", begin, end)[0].startswith("line 2")
+
+
+def test_progress_is_silent_in_grade_and_tiny_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [1, 2, 3]
+    for mode in ("grade", "tiny"):
+        monkeypatch.setenv("PERFLAB_MODE", mode)
+        assert common.progress(items) is items
+    monkeypatch.delenv("PERFLAB_MODE")
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert env.run_mode() == "grade" and common.progress(items) is items
+
+
+def test_save_results_writes_beside_the_notebook(tmp_path) -> None:
+    from perflab import results
+
+    path = common.save_results("lab00_demo", {"counts": {"parameters": 3}}, folder=tmp_path)
+    assert path == tmp_path / "results" / "lab00_demo.json"
+    assert results.load(path)["sections"]["counts"]["parameters"] == 3
+    with pytest.raises(results.ResultsError, match="sections.counts"):
+        common.save_results("lab00_demo", {"counts": "not an object"}, folder=tmp_path)
+
+
+def test_hardware_statement_names_device_mode_and_lab(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    text = common.hardware_statement("lab01_measure")
+    info = env.machine_info()
+    assert info.device in text and "mode          tiny" in text
+    assert "this lab" in text and "can give" in text
+
+
+def test_canonical_notebooks_are_deterministic() -> None:
+    nb = build.read_notebook(build.source_notebook("lab01_measure"))
+    nb.cells[0]["id"] = "random-id"
+    nb.metadata["widgets"] = {"junk": 1}
+    once = build.dumps(build.canonical(nb))
+    assert once == build.source_notebook("lab01_measure").read_text(encoding="utf-8")
+    assert json.loads(once)["metadata"] == build.NOTEBOOK_METADATA
+    ids = [c["id"] for c in json.loads(once)["cells"]]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", i) for i in ids)
+
+
+def test_sync_roundtrip_in_a_copy(tmp_path) -> None:
+    """Editing the .py and syncing rewrites the .ipynb; the reverse direction restores the twin."""
+    import shutil
+
+    lab = "lab01_measure"
+    shutil.copytree(build.SOLUTIONS / lab, tmp_path / lab)
+    twin = build.source_twin(lab, tmp_path)
+    twin.write_text(twin.read_text(encoding="utf-8").replace("# # Lab 1 — Measure first", "# # Lab 1 — edited"),
+                    encoding="utf-8")
+    assert build.twin_problems(lab, tmp_path)  # out of step until synced
+    assert build.sync([lab], solutions=tmp_path) == [build.source_notebook(lab, tmp_path)]
+    assert build.twin_problems(lab, tmp_path) == []
+    assert "Lab 1 — edited" in build.source_notebook(lab, tmp_path).read_text(encoding="utf-8")
+    assert build.sync([lab], solutions=tmp_path, from_ipynb=True) == []  # already equal both ways
+
+
+def test_unknown_lab_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="lab: 'lab99_nope' is not a lab"):
+        build.sync(["lab99_nope"])

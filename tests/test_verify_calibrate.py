@@ -1,0 +1,30 @@
+"""`perflab calibrate`: argument checks and the reference pairs it would run (the real runs are in the
+committed autograder/expectations files, checked by tests/test_verify_decide.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perflab.cli import main
+from perflab.verify import calibrate
+
+
+def test_unknown_config_is_a_one_line_error(capsys):
+    assert main(["calibrate", "--config", "turbo", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown optimisation(s) turbo" in err and "amp_bf16" in err and err.count("\n") == 1
+
+
+def test_bad_repeats_is_refused():
+    with pytest.raises(ValueError, match="--repeats"):
+        calibrate.calibrate(["channels_last"], repeats=0)
+
+
+def test_cpu_calibrates_what_cpu_can_run():
+    names = calibrate.available(None, "cpu")
+    assert "amp_fp16" not in names  # fp16 autocast is not what a CPU lab teaches
+    assert {"amp_bf16", "channels_last", "num_workers", "checkpoint", "compile"} <= set(names)
+    with pytest.raises(ValueError, match="amp_fp16"):
+        calibrate.available(["amp_fp16"], "cpu")
+    base = calibrate.baseline_config("grade", "cpu")
+    assert base.replace(**calibrate.REFERENCE_CHANGES["checkpoint"]).checkpoint_segments == 2

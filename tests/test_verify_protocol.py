@@ -1,0 +1,91 @@
+"""The real protocol: a fresh child interpreter per verification, on perflab's toy reference and on tiny
+TrainConfigs; honest candidates with known ratios, cheats, and crashes (bench/candidates holds them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perflab.verify import Budget, Side, guard, verify
+from perflab.workload import TrainConfig
+
+CANDIDATES = Path(__file__).resolve().parents[1] / "bench" / "candidates"
+TOY = Side.reference("perflab.verify.candidates:toy_step", repeats=10)
+# Short budgets: these tests check what is caught, not how finely the speedup is resolved.
+QUICK = Budget(min_pairs=6, max_pairs=24, max_timed_seconds=6.0)
+
+pytestmark = pytest.mark.slow
+
+
+def _verify(name: str, factory: str = "make_step", *, bar: float = 1.1, **kwargs):
+    kwargs.setdefault("budget", QUICK)
+    # Fresh hashes: the tree may change between test collection and this call during development.
+    return verify(TOY, Side.module(CANDIDATES / f"{name}.py", factory), expectation=bar, threads=1,
+                  hashes=guard.file_hashes(), **kwargs)
+
+
+def test_known_2x_passes_and_known_1x_does_not():
+    fast = _verify("honest", "make_step_5", bar=1.2, claim=2.0, budget=Budget(max_timed_seconds=15.0))
+    assert fast.outcome == "pass", fast.describe()
+    assert 1.4 < fast.speedup < 2.6 and not fast.claim_far_off
+    assert fast.details["gate"]["candidate_losses"] == fast.details["gate"]["baseline_losses"]
+    assert fast.timed_seconds < fast.elapsed_seconds
+    same = _verify("honest", "make_step_10", bar=1.1, claim=3.0)
+    assert same.outcome in ("fail", "inconclusive"), same.describe()
+    assert same.claim_far_off and "claimed 3.00x" in same.reason
+
+
+@pytest.mark.parametrize(("name", "code"), [
+    ("patch_clock", "clock_tampered"),
+    ("patch_reference", "runtime_patched"),
+    ("shrink_batch", "loss_mismatch"),
+    ("skip_steps", "samples_differ"),
+    ("cache", "cached_outputs"),
+    ("nan_loss", "loss_not_finite"),
+    ("defer_thread", "deferred_work"),
+])
+def test_cheats_are_caught_with_a_named_reason(name, code):
+    v = _verify(name)
+    assert (v.outcome, v.code) == ("fail", code), v.describe()
+
+
+def test_a_student_baseline_is_never_timed():
+    with pytest.raises(ValueError, match="baseline"):
+        verify(Side.module(CANDIDATES / "sleepy_baseline.py", "make_baseline_step"),
+               Side.module(CANDIDATES / "sleepy_baseline.py"), expectation=1.1)
+    v = _verify("sleepy_baseline")  # against perflab's reference it is the same work: no speedup
+    assert v.outcome in ("fail", "inconclusive"), v.describe()
+
+
+@pytest.mark.parametrize(("name", "code", "limits"), [
+    ("raises", "raised", {}),
+    ("hangs", "timeout", {"time_limit": 12.0}),
+    ("kills_itself", "killed", {}),
+    ("exhausts_memory", None, {"memory_limit": 4 * 2**30 + 2**29}),
+])
+def test_failures_become_error_verdicts(name, code, limits):
+    v = _verify(name, **limits)
+    assert v.outcome == "error", v.describe()
+    if code:
+        assert v.code == code, v.describe()
+    else:  # out of memory surfaces as an allocation error or as the process being killed
+        assert v.code in ("out_of_memory", "killed"), v.describe()
+    assert v.elapsed_seconds < limits.get("time_limit", 60.0) + 10
+
+
+def test_bad_candidate_module_is_an_error(tmp_path):
+    module = tmp_path / "empty.py"
+    module.write_text("x = 1\n")
+    v = verify(TOY, Side.module(module), expectation=1.1, hashes=guard.file_hashes())
+    assert (v.outcome, v.code) == ("error", "bad_candidate") and "make_step" in v.reason
+
+
+def test_train_configs(tiny_data):
+    base = TrainConfig(data="tiny", batch_size=8, image_size=32, threads=1)
+    budget = Budget(min_pairs=6, max_pairs=12, max_timed_seconds=8.0)
+    same = verify(base, base, expectation=1.1, budget=budget, hashes=guard.file_hashes())
+    assert same.outcome in ("fail", "inconclusive"), same.describe()
+    assert same.details["gate"]["candidate_losses"] == same.details["gate"]["baseline_losses"]
+    smaller = verify(base, base.replace(batch_size=4), expectation=1.1, budget=budget, hashes=guard.file_hashes())
+    assert (smaller.outcome, smaller.code) == ("fail", "samples_differ"), smaller.describe()

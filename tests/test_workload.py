@@ -1,0 +1,174 @@
+"""Every TrainConfig knob takes effect, on CPU in tiny mode; invalid configs name their field."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+import torch
+
+from perflab import workload
+from perflab.workload import TrainConfig
+
+TINY = TrainConfig(data="tiny", batch_size=4, image_size=32)
+
+
+@pytest.fixture(autouse=True)
+def _data(tiny_data) -> None:  # noqa: ANN001 - fixture from conftest
+    """Every test here needs the tiny data set built."""
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"batch_size": -1}, "batch_size"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"amp_dtype": "fp8"}, "amp_dtype"),
+        ({"amp_dtype": "fp16", "device": "cpu"}, "amp_dtype"),
+        ({"image_size": 8}, "image_size"),
+        ({"num_workers": -2}, "num_workers"),
+        ({"checkpoint_segments": 5}, "checkpoint_segments"),
+        ({"compile_mode": "fastest"}, "compile_mode"),
+        ({"prefetch_factor": 2}, "prefetch_factor"),
+        ({"persistent_workers": True}, "persistent_workers"),
+        ({"accumulation_steps": 0}, "accumulation_steps"),
+        ({"optimizer": "lamb"}, "optimizer"),
+        ({"lr": float("nan")}, "lr"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_invalid_config_names_the_field(changes: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        TrainConfig(**changes)
+
+
+def test_from_dict_refuses_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="unknown field.*batchsize"):
+        TrainConfig.from_dict({"batchsize": 3})
+    assert TrainConfig.from_dict(TINY.to_dict()) == TINY
+
+
+def test_same_seed_same_losses_and_samples() -> None:
+    a = workload.train(TINY, steps=2)
+    b = workload.train(TINY, steps=2)
+    assert a.losses == b.losses
+    assert a.indices == b.indices
+    c = workload.train(TINY.replace(seed=1), steps=2)
+    assert c.indices != a.indices
+
+
+def test_workers_are_real_processes_and_yield_the_same_data() -> None:
+    cfg = TINY.replace(num_workers=2, persistent_workers=True, prefetch_factor=3)
+    work = workload.build(cfg)
+    try:
+        images, _, index = work.next_batch()
+        children = psutil.Process(os.getpid()).children()
+        assert len(children) >= 2, "num_workers=2 started no worker processes"
+        assert work.loader.persistent_workers and work.loader.prefetch_factor == 3
+    finally:
+        work.close()
+    # Per-sample seeded augmentation: the same pixels whatever the worker count.
+    plain = workload.build(TINY)
+    try:
+        images0, _, index0 = plain.next_batch()
+    finally:
+        plain.close()
+    assert torch.equal(index, index0)
+    assert torch.equal(images, images0)
+
+
+def _conv1_inputs(cfg: TrainConfig) -> dict:
+    seen: dict = {}
+    work = workload.build(cfg)
+
+    def hook(module, args, output) -> None:  # noqa: ANN001
+        seen["input"] = args[0]
+        seen["output_dtype"] = output.dtype
+
+    work.model.conv1.register_forward_hook(hook)
+    workload.train_step(work)
+    work.close()
+    return seen
+
+
+def test_channels_last_reaches_the_model() -> None:
+    seen = _conv1_inputs(TINY.replace(channels_last=True))
+    assert seen["input"].is_contiguous(memory_format=torch.channels_last)
+    assert not _conv1_inputs(TINY)["input"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_autocast_dtype_is_seen_inside_forward() -> None:
+    assert _conv1_inputs(TINY.replace(amp_dtype="bf16"))["output_dtype"] == torch.bfloat16
+    assert _conv1_inputs(TINY)["output_dtype"] == torch.float32
+
+
+def _saved_bytes(cfg: TrainConfig) -> int:
+    work = workload.build(cfg)
+    images, labels, _ = work.next_batch()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = torch.nn.functional.cross_entropy(work.model(images), labels)
+    loss.backward()
+    work.close()
+    return total
+
+
+def test_checkpointing_lowers_saved_bytes() -> None:
+    plain = _saved_bytes(TINY)
+    two = _saved_bytes(TINY.replace(checkpoint_segments=2))
+    four = _saved_bytes(TINY.replace(checkpoint_segments=4))
+    assert four < two < plain
+
+
+def test_accumulation_consumes_micro_batches_per_step() -> None:
+    run = workload.train(TINY.replace(batch_size=2, accumulation_steps=3), steps=2)
+    assert [len(i) for i in run.indices] == [6, 6]
+    assert len(set(run.indices[0] + run.indices[1])) == 12
+
+
+def test_gpu_augment_moves_augmentation_to_the_device() -> None:
+    work = workload.build(TINY.replace(gpu_augment=True))
+    try:
+        images, _, _ = work.next_batch()
+        assert images.dtype == torch.uint8, "the CPU side should only decode and crop"
+        assert isinstance(work.augment, workload.DeviceAugment)
+        loss, _ = workload.train_step(work)
+        assert loss == loss  # finite, not NaN
+    finally:
+        work.close()
+
+
+def test_threads_knob_sets_torch_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        workload.build(TINY.replace(threads=1)).close()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_pin_memory_only_where_it_means_something() -> None:
+    work = workload.build(TINY.replace(pin_memory=True))
+    assert work.loader.pin_memory == torch.cuda.is_available()
+    work.close()
+
+
+def test_compile_wraps_the_model() -> None:
+    work = workload.build(TINY.replace(compile_mode="default"))
+    assert isinstance(work.train_model, torch._dynamo.eval_frame.OptimizedModule)
+    assert work.train_model._orig_mod is work.model
+    work.close()
+
+
+def test_adam_optimizer_knob() -> None:
+    work = workload.build(TINY.replace(optimizer="adam"))
+    assert isinstance(work.optimizer, torch.optim.Adam)
+    work.close()
