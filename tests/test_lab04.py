@@ -29,8 +29,6 @@ AUTOGRADED_POINTS = 80
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known bug, open in the labs 4-6 issue: verify's idle-CPU probe reports "
-                   "'deferred work' for the checkpointed reference candidate on CPU, so the verified-cost cell fails")
 def test_solution_gets_full_autograded_marks(tiny_data) -> None:
     run = H.graded_solution(LAB)
     assert run.errors() == []
@@ -52,8 +50,6 @@ def test_blank_copy_runs_and_scores_zero(tiny_data) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known bug, open in the labs 4-6 issue: verify's idle-CPU probe reports "
-                   "'deferred work' for the checkpointed reference candidate on CPU, so the verified-cost cell fails")
 def test_results_hold_memory_rows_and_the_verified_cost(tiny_data) -> None:
     from perflab import results
     from perflab.labs import common
