@@ -64,8 +64,10 @@ class SandboxExecute(Execute):
                 cell.outputs = [_error("NotRun", f"not run: the kernel was lost in cell {self._dead_in}")]
             return cell, resources
         self._current = index + 1
+        self._timed_out = False
+        self._pids_before = _last_pid()
         try:
-            return super().preprocess_cell(cell, resources, index)
+            cell, resources = super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
             self._dead_in = index + 1
             cell.outputs.append(_error(
@@ -74,13 +76,41 @@ class SandboxExecute(Execute):
             return cell, resources
         except Exception as exc:  # nbclient gave up on the kernel (no output, no reply)
             self._dead_in = index + 1
+            if self._hit_process_limit(cell):
+                cell.outputs.append(_error("ProcessLimit", PROCESS_LIMIT_NOTE))
+                return cell, resources
             what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             cell.outputs.append(_error(
                 "KernelUnresponsive", f"the Python kernel stopped responding while running this cell "
                 f"({what[:160]}; a fork bomb or a stuck process can do this); the cells after it did not run"))
             return cell, resources
+        if cell.cell_type == "code" and self._hit_process_limit(cell):
+            # Forked copies of the kernel share its sockets: whether it still answers afterwards is
+            # chance, so a cell that reached the process limit always ends the run, the same way.
+            self._dead_in = index + 1
+            _kill_tree(self._kernel_pid())
+            cell.outputs.append(_error("ProcessLimit", PROCESS_LIMIT_NOTE))
+        return cell, resources
+
+    def _kernel_pid(self) -> int | None:
+        provisioner = getattr(getattr(self, "km", None), "provisioner", None)
+        return getattr(provisioner, "pid", None)
+
+    def _hit_process_limit(self, cell) -> bool:
+        """Whether this cell ran into the kernel's process limit: a fork or thread start that failed
+        for lack of processes; the kernel's process tree still near the limit; or a cell that ended
+        badly after starting more processes and threads than the kernel may hold at once (forked
+        kernels can die as fast as they are made, so the limit itself is not always reached)."""
+        if any(_is_process_limit_error(out) for out in cell.get("outputs", [])):
+            return True
+        limit = _kernel_process_limit()
+        if _tree_tasks(self._kernel_pid()) >= PROCESS_LIMIT_SHARE * limit:
+            return True
+        ended_badly = self._timed_out or any(out.get("output_type") == "error" for out in cell.get("outputs", []))
+        return ended_badly and _tasks_created(self._pids_before, _last_pid()) >= limit
 
     async def _async_handle_timeout(self, timeout, cell=None):  # noqa: D102
+        self._timed_out = True
         _EVENTS.append({"cell": self._current, "grade_id": grade_id(cell) if cell is not None else None,
                         "event": f"ran longer than {timeout} s, the limit for one cell, and was stopped"})
         return await super()._async_handle_timeout(timeout, cell)
@@ -88,6 +118,78 @@ class SandboxExecute(Execute):
     async def async_start_new_kernel(self, **kwargs):  # noqa: D102
         kwargs.setdefault("preexec_fn", _kernel_limits)
         return await super().async_start_new_kernel(**kwargs)
+
+
+PROCESS_LIMIT_NOTE = ("this cell started processes or threads until it reached the sandbox's process limit "
+                      "(a fork bomb?); the kernel was stopped and the cells after it did not run")
+# A kernel whose processes and threads reach this share of its limit is taken to have hit it.
+PROCESS_LIMIT_SHARE = 0.75
+# The limit assumed for that check when the sandbox sets none.
+UNLIMITED_PROCESSES = 4096
+
+
+def _kernel_process_limit() -> int:
+    """The processes and threads the kernel may run (see `_kernel_limits`)."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    if hard == resource.RLIM_INFINITY:
+        return UNLIMITED_PROCESSES
+    return hard - KERNEL_PROCESS_RESERVE if hard > 2 * KERNEL_PROCESS_RESERVE else hard
+
+
+def _is_process_limit_error(output: Any) -> bool:
+    """An error output from a fork or thread start that failed because no process was left (EAGAIN)."""
+    if output.get("output_type") != "error":
+        return False
+    text = "\n".join(output.get("traceback", [])) + str(output.get("evalue", ""))
+    if output.get("ename") == "RuntimeError":
+        return "can't start new thread" in text
+    return output.get("ename") == "BlockingIOError" and "fork" in text
+
+
+def _last_pid() -> int | None:
+    """The last process or thread id handed out in the sandbox's own PID namespace (ids there count
+    up from 1, so the difference of two readings is the number of tasks started in between)."""
+    if os.environ.get("PERFLAB_SANDBOX_PIDNS") != "1":
+        return None
+    try:
+        return int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tasks_created(before: int | None, after: int | None) -> int:
+    """Tasks started between two `_last_pid` readings (0 when unknown; ids that wrapped count as many)."""
+    if before is None or after is None:
+        return 0
+    return after - before if after >= before else UNLIMITED_PROCESSES
+
+
+def _tree_tasks(pid: int | None) -> int:
+    """Threads in the process `pid` and all its descendants (0 when it is gone)."""
+    import psutil
+
+    if pid is None:
+        return 0
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.num_threads()
+    return total
+
+
+def _kill_tree(pid: int | None) -> None:
+    """SIGKILL the process `pid` and every descendant (the kernel and what it forked)."""
+    import psutil
+
+    if pid is None:
+        return
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def _kernel_limits() -> None:
