@@ -11,6 +11,7 @@ from __future__ import annotations
 from perflab.verify import guard  # isort: skip
 
 CLOCKS = guard.Clocks()
+_THREAD_CLOCK_NS = __import__("time").clock_gettime_ns
 
 import json  # noqa: E402
 import math  # noqa: E402
@@ -38,22 +39,17 @@ MAX_REPEATED_LOSSES = 1
 # sync cost well under 0.1%, short enough that an interference episode hits single blocks.
 TARGET_BLOCK_SECONDS = 0.04
 MAX_BLOCK_STEPS = 32
-# After each block the child idles and reads the process CPU time in windows of this length: work
-# the candidate left running in the background (a thread that keeps computing) shows up as CPU
-# while idle.
+# After each block the child idles this long and reads the CPU time of the threads that were not
+# there when the reference had warmed up (before any candidate code existed): work the candidate
+# left running in the background (a thread that keeps computing) shows up there. The threads the
+# reference already had are left out: libgomp's workers spin in bursts for ~10 ms after a parallel
+# region (measured after a ResNet-18 step on 2 cores: 1.9 cores busy in some 2 ms windows), which a
+# whole-process reading takes for deferred work.
 IDLE_PROBE_SECONDS = 0.005
-# Up to this many windows: libgomp's worker threads keep spinning for ~10 ms after a parallel region
-# (measured after a ResNet-18 step on 2 cores: 1.9 cores busy in some 2 ms windows up to 10 ms
-# later), in bursts. A probe reads the least busy window, and stops at the first quiet one: work
-# that runs continuously keeps every window busy, spin-down leaves some window quiet.
-IDLE_PROBE_WINDOWS = 8
-# Before the first window, unmeasured.
+# Before the probe, unmeasured: a candidate's own new thread pool gets to stop spinning.
 IDLE_SETTLE_SECONDS = 0.003
-# Idle probes after each of the reference's warm-up steps, before any candidate code is imported:
-# the process's CPU use at rest.
-CLEAN_PROBES_PER_STEP = 3
-# CPU cores (median over blocks) the process burns while idle between timed blocks beyond its use at
-# rest that mean deferred work: spin-down leaves a quiet window (~0.02), a background worker ~1.
+# CPU cores (median over blocks) the new threads burn while the child idles between timed blocks
+# that mean deferred work: an honest candidate's new threads (if any) sleep, a background worker ~1.
 IDLE_CPU_EXCESS = 0.15
 # Setup (make_step) time beyond the reference's, in candidate steps, that means the work was done
 # before timing started (precomputed outputs); at least this many seconds so jitter never counts.
@@ -113,20 +109,40 @@ class Side:
         return seconds
 
     def probe_idle(self) -> None:
-        """CPU cores this process keeps busy while the protocol idles right after this side's block:
-        the least busy of up to IDLE_PROBE_WINDOWS windows, stopping at the first quiet one."""
+        """CPU cores the candidate's threads keep busy while the protocol idles right after this
+        side's block (nothing where the OS cannot say which thread used the CPU)."""
         import time as _time
 
+        if _REST_THREADS is None:
+            return
         _time.sleep(IDLE_SETTLE_SECONDS)
-        least = math.inf
-        for _ in range(IDLE_PROBE_WINDOWS):
-            cpu0, wall0 = CLOCKS.process_time_ns(), CLOCKS.perf_counter_ns()
-            _time.sleep(IDLE_PROBE_SECONDS)
-            cpu1, wall1 = CLOCKS.process_time_ns(), CLOCKS.perf_counter_ns()
-            least = min(least, (cpu1 - cpu0) / max(wall1 - wall0, 1))
-            if least < IDLE_CPU_EXCESS:
-                break
-        self.idle_cpu.append(least)
+        cpu0, wall0 = _new_threads_cpu_ns(), CLOCKS.perf_counter_ns()
+        _time.sleep(IDLE_PROBE_SECONDS)
+        cpu1, wall1 = _new_threads_cpu_ns(), CLOCKS.perf_counter_ns()
+        # A thread that ended inside the window drops out of the second reading: never below zero.
+        self.idle_cpu.append(max(0, cpu1 - cpu0) / max(wall1 - wall0, 1))
+
+
+# The thread ids of this process once the reference has warmed up (None where /proc is missing).
+_REST_THREADS: frozenset[int] | None = None
+
+
+def _thread_ids() -> frozenset[int] | None:
+    try:
+        return frozenset(int(name) for name in os.listdir("/proc/self/task"))
+    except (OSError, ValueError):
+        return None
+
+
+def _new_threads_cpu_ns() -> int:
+    """CPU nanoseconds used so far by the threads not in `_REST_THREADS` (Linux per-thread clocks)."""
+    total = 0
+    for tid in (_thread_ids() or frozenset()) - (_REST_THREADS or frozenset()):
+        try:  # the kernel's clock id for a thread's CPU time: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+            total += _THREAD_CLOCK_NS((~tid << 3) | 6)
+        except OSError:  # the thread ended
+            continue
+    return total
 
 
 def _cuda_in_use() -> bool:
@@ -182,17 +198,16 @@ def _cached(a: Side, b: Side, n: int) -> list[dict[str, str]]:
                                        "not computed")]
 
 
-def _deferred(clean_idle: list[float], a: Side, b: Side, excess_setup: float, m: int) -> list[dict[str, str]]:
+def _deferred(a: Side, b: Side, excess_setup: float, m: int) -> list[dict[str, str]]:
     """Work a module candidate moved out of its timed blocks: into a background thread, or into make_step."""
     from perflab.verify import decide
 
     found = []
-    rest = _median(clean_idle)
-    busy = max(_median(a.idle_cpu), _median(b.idle_cpu)) - rest
+    busy = max(_median(a.idle_cpu), _median(b.idle_cpu))
     if busy > IDLE_CPU_EXCESS:
-        found.append(_problem("deferred_work", f"between timed blocks, while the verifier idled, this process kept "
-                                               f"{busy:.2f} more CPU cores busy than before the candidate existed: "
-                                               "work moved outside the timed region (e.g. a background thread)"))
+        found.append(_problem("deferred_work", f"between timed blocks, while the verifier idled, threads the "
+                                               f"candidate started kept {busy:.2f} CPU cores busy: work moved "
+                                               "outside the timed region (e.g. a background thread)"))
     step = decide.quantile(b.block_seconds, decide.QUANTILE) / m
     if excess_setup > max(SETUP_EXCESS_MIN_SECONDS, SETUP_EXCESS_STEPS * step):
         found.append(_problem("deferred_work", f"make_step took {excess_setup:.1f} s longer than the reference's "
@@ -245,14 +260,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     t0 = clock()
     a = Side("baseline", base_factory(seed, **base_side.kwargs))
     setup_a = (clock() - t0) / 1e9
-    # Its warm-up and gate steps too, each followed by idle probes: the process's CPU use at rest
-    # before any candidate code exists (thread-pool spin-down and the like).
-    clean_idle = []
-    for _ in range(GATE_STEPS):
-        a.run(1, per_step=True)
-        for _ in range(CLEAN_PROBES_PER_STEP):
-            a.probe_idle()
-            clean_idle.append(a.idle_cpu.pop())
+    # Its warm-up and gate steps too: every thread it needs exists afterwards.
+    a.run(GATE_STEPS, per_step=True)
+    global _REST_THREADS
+    _REST_THREADS = _thread_ids()
     if not all(math.isfinite(x) for x in a.losses):
         raise RuntimeError(f"the reference's own loss is not finite ({a.losses}): check the reference setup")
     if cand_side.kind == "reference":
@@ -327,7 +338,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     timing_wall = (clock() - timing_start) / 1e9
     out.update(baseline_times=a.block_seconds, candidate_times=b.block_seconds, timed_seconds=timed,
                timing_wall_seconds=timing_wall,
-               idle_cpu={"clean": clean_idle, "baseline": a.idle_cpu, "candidate": b.idle_cpu},
+               idle_cpu={"baseline": a.idle_cpu, "candidate": b.idle_cpu},
                event_ms={"baseline": a.event_ms, "candidate": b.event_ms})
     if decision is not None:
         out["decision"] = {"outcome": decision.outcome, "speedup": decision.speedup, "ci": list(decision.ci)}
@@ -340,7 +351,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     problems.extend(_compare_outputs(a, b, GATE_STEPS, n, None, atol, "timed steps"))
     problems.extend(_cached(a, b, n))
     if cand_side.is_student_code:
-        problems.extend(_deferred(clean_idle, a, b, setup_b - setup_a, m))
+        problems.extend(_deferred(a, b, setup_b - setup_a, m))
     for (ms, wall) in zip(a.event_ms + b.event_ms, a.block_seconds + b.block_seconds, strict=False):
         if ms / 1e3 > wall * EVENT_WALL_SLACK + 1e-3:
             problems.append(_problem("clock_tampered", f"a CUDA-event time ({ms:.1f} ms) exceeds the wall time "
