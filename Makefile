@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle demo-class help setup data test test-fast lint demo bench bench-verify bench-grade labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-grade labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -35,7 +35,10 @@ test-fast: setup  ## unit tests only (skips notebook and pipeline runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check perflab tests bench datasets autograder/*.py
 
-demo: setup  ## profile the ResNet-18 baseline on the small data set
+demo: setup labs  ## grade a demo class on every lab end to end, with reports: make demo [LABS="lab01_measure lab02_feed"] [MODE=tiny]
+	$(PYTHON) -m perflab.demo $(if $(LABS),--labs $(LABS)) $(if $(MODE),--mode $(MODE))
+
+profile: setup  ## profile the ResNet-18 baseline on the small data set (throughput, phases, FLOPs, memory, roofline)
 	$(BIN)/perflab profile --size small
 
 bench: setup  ## perflab.timing against torch.utils.benchmark on the same function
@@ -67,9 +70,6 @@ report: $(STAMP)  ## render every results/*.json into report.html (figures also 
 
 bundle: $(STAMP)  ## the student distribution dist/perflab-student.zip (labs, package, data recipe; no solutions)
 	$(PYTHON) -m perflab.bundle
-
-demo-class: setup  ## grade a demo class of synthetic students on every lab, with reports: make demo-class [LABS=lab01_measure] [MODE=tiny]
-	$(PYTHON) -m perflab.demo $(if $(LABS),--labs $(LABS)) $(if $(MODE),--mode $(MODE))
 
 calibrate: setup  ## measure reference speedups on this machine and write autograder/expectations/
 	$(BIN)/perflab calibrate

@@ -292,3 +292,16 @@ def test_release_refuses_to_ship_a_solution(tmp_path):
     nbformat.write(nb, course / "release" / "lab00_fixture" / "lab00_fixture.ipynb")
     with pytest.raises(ValueError, match="BEGIN SOLUTION"):
         pipeline.release(course)
+
+
+def test_the_inconclusive_policy_reaches_every_sandbox(monkeypatch):
+    from perflab.grading import pipeline
+
+    monkeypatch.delenv("PERFLAB_INCONCLUSIVE", raising=False)
+    assert pipeline.with_instructor_policy(pipeline.Settings()).env["PERFLAB_INCONCLUSIVE"] == "credit"
+    monkeypatch.setenv("PERFLAB_INCONCLUSIVE", "no-credit")
+    settings = pipeline.with_instructor_policy(pipeline.Settings(env={"PERFLAB_MODE": "grade"}))
+    assert settings.env == {"PERFLAB_INCONCLUSIVE": "no-credit", "PERFLAB_MODE": "grade"}
+    monkeypatch.setenv("PERFLAB_INCONCLUSIVE", "maybe")
+    with pytest.raises(ValueError, match="PERFLAB_INCONCLUSIVE: 'maybe' is not one of credit, no-credit"):
+        pipeline.with_instructor_policy(pipeline.Settings())

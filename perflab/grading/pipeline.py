@@ -20,6 +20,7 @@ also take the run's timing lock (`timelock.timed_section`), so they run one at a
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -502,7 +503,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
           backend: str = "local", ray_address: str | None = None, force: bool = False,
           solutions: Path | None = None, progress: Callable[[Record], None] | None = None) -> Summary:
     """Grade every collected submission not graded yet (all of `labs`/`students` with `force`)."""
-    settings = settings or Settings()
+    settings = with_instructor_policy(settings or Settings())
     course = Path(course).resolve()
     if not (course / "gradebook.db").is_file():
         raise FileNotFoundError(f"{course}: no course folder here; run `perflab grade setup` first")
@@ -535,6 +536,15 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         else:
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed))
+
+
+def with_instructor_policy(settings: Settings) -> Settings:
+    """`settings` with the instructor's grading policy from this environment passed on to every
+    sandbox (which sees nothing of the parent's environment otherwise): PERFLAB_INCONCLUSIVE,
+    checked here so that a typo fails the run once instead of every notebook."""
+    from perflab.labs.common import INCONCLUSIVE_ENV, inconclusive_policy
+
+    return dataclasses.replace(settings, env={INCONCLUSIVE_ENV: inconclusive_policy(), **settings.env})
 
 
 def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result, course: Path) -> None:
