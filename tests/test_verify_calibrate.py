@@ -28,3 +28,14 @@ def test_cpu_calibrates_what_cpu_can_run():
         calibrate.available(["amp_fp16"], "cpu")
     base = calibrate.baseline_config("grade", "cpu")
     assert base.replace(**calibrate.REFERENCE_CHANGES["checkpoint"]).checkpoint_segments == 2
+
+
+def test_labs_with_their_own_pair_are_calibrated_too():
+    from perflab.labs import lab04, lab06
+
+    names = calibrate.available(None, "cpu")
+    assert {lab04.EXPECTATION, lab06.EXPECTATION} <= set(names)
+    assert calibrate.available([lab04.EXPECTATION], "cpu") == [lab04.EXPECTATION]
+    base, cand = calibrate.lab_pairs("tiny")[lab04.EXPECTATION]
+    assert (base, cand) == lab04.calibration_pair("tiny")
+    assert cand.checkpoint_segments > 0 and base.checkpoint_segments == 0

@@ -35,6 +35,33 @@ REFERENCE_CHANGES: dict[str, dict[str, Any]] = {
 }
 
 
+def _lab_modules() -> list[Any]:
+    """The modules of perflab.labs that hold a graded run to a pair of their own: EXPECTATION and
+    `calibration_pair(mode)` (lab 4's checkpointing of every stage, lab 6's final configuration)."""
+    import importlib
+    import pkgutil
+
+    import perflab.labs
+
+    found = []
+    for info in sorted(pkgutil.iter_modules(perflab.labs.__path__), key=lambda i: i.name):
+        if info.name.startswith("lab"):
+            module = importlib.import_module(f"perflab.labs.{info.name}")
+            if hasattr(module, "calibration_pair") and hasattr(module, "EXPECTATION"):
+                found.append(module)
+    return found
+
+
+def lab_names() -> list[str]:
+    """The lab expectations `perflab calibrate` measures besides REFERENCE_CHANGES."""
+    return [module.EXPECTATION for module in _lab_modules()]
+
+
+def lab_pairs(mode: str = "grade") -> dict[str, tuple[Any, Any]]:
+    """{expectation: (baseline, candidate)} of each lab's own pair at `mode`'s sizes."""
+    return {module.EXPECTATION: module.calibration_pair(mode) for module in _lab_modules()}
+
+
 def baseline_config(mode: str = "grade", device: str | None = None) -> Any:
     """The lab baseline at `mode`'s sizes: the plain fp32 loop, no loader workers."""
     from perflab import env
@@ -49,15 +76,16 @@ def available(names: Sequence[str] | None, device: str | None = None) -> list[st
     from perflab import env
     from perflab.workload import AMP_DTYPES
 
-    chosen = list(names) if names else list(REFERENCE_CHANGES)
-    unknown = [n for n in chosen if n not in REFERENCE_CHANGES]
+    labs = lab_names()
+    chosen = list(names) if names else [*REFERENCE_CHANGES, *labs]
+    unknown = [n for n in chosen if n not in REFERENCE_CHANGES and n not in labs]
     if unknown:
         raise ValueError(f"--config: unknown optimisation(s) {', '.join(unknown)}; "
-                         f"choose from {', '.join(REFERENCE_CHANGES)}")
+                         f"choose from {', '.join([*REFERENCE_CHANGES, *labs])}")
     kind = env.pick_device(device).type
     usable = []
     for name in chosen:
-        amp = REFERENCE_CHANGES[name].get("amp_dtype")
+        amp = REFERENCE_CHANGES.get(name, {}).get("amp_dtype")
         if amp is not None and not env.supports_autocast(kind, AMP_DTYPES[amp]):
             if names:
                 raise ValueError(f"--config {name}: {amp} autocast is not supported on {kind} here")
@@ -71,7 +99,6 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
               out_dir: Path | None = None, on_run: Callable[[str, int, Any], None] | None = None) -> Path:
     """Run every reference pair `repeats` times and write `<out_dir>/<hardware_class>.json`; its path."""
     from perflab import env
-    from perflab.verify.protocol import verify
 
     if repeats < 1:
         raise ValueError(f"--repeats: must be at least 1, got {repeats}")
@@ -80,38 +107,58 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
     machine = env.machine_info(device)
     base = baseline_config(mode, device)
     budget = Budget(min_pairs=pairs, max_pairs=pairs, max_timed_seconds=300.0)
+    chosen = available(names, device)
+    path = expectations.expectations_path(machine.hardware_class, out_dir)
     entries: dict[str, Any] = {}
-    for name in available(names, device):
-        cand = base.replace(**REFERENCE_CHANGES[name])
-        runs = []
-        for i in range(repeats):
-            # The bar 1.0 only decides when the run may stop; with min_pairs == max_pairs it never stops early.
-            # Only perflab's own code runs here, so the hashes are taken fresh for each run.
-            verdict = verify(base, cand, expectation=1.0, budget=budget, seed=i, hashes=guard.file_hashes())
-            if on_run is not None:
-                on_run(name, i, verdict)
-            if verdict.speedup is None or verdict.code not in ("faster", "not_faster", "undecided"):
-                log.warning("calibrate %s run %d: %s", name, i, verdict.reason)
-                runs.append({"outcome": verdict.outcome, "code": verdict.code, "reason": verdict.reason})
-                continue
-            lo, hi = verdict.ci or (float("nan"), float("nan"))
-            runs.append({"speedup": verdict.speedup, "ci": [lo, hi], "outcome": verdict.outcome,
-                         "pairs": verdict.pairs, "block_steps": verdict.block_steps,
-                         "seconds": verdict.elapsed_seconds,
-                         "warmup_seconds": verdict.details.get("warmup_seconds", {})})
-        measured = [r for r in runs if "speedup" in r]
-        entry: dict[str, Any] = {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs}
-        if measured:
-            entry.update(expectations.summarise(measured))
-        else:
-            entry.update(kind="unmeasured", rule="every reference run failed; conservative rules apply")
-        entries[name] = entry
+    for name in chosen:
+        if name in REFERENCE_CHANGES:
+            entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run)
+    labs = [name for name in chosen if name not in REFERENCE_CHANGES]
+    if labs:
+        # A lab's pair may depend on the bars just measured (lab 6 adds only calibrated gains): write them first.
+        _write(path, machine, mode, repeats, pairs, entries)
+        lab = lab_pairs(mode)
+        for name in labs:
+            entries[name] = _measure(name, *lab[name], repeats, budget, on_run)
+    _write(path, machine, mode, repeats, pairs, entries)
+    return path
+
+
+def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
+             on_run: Callable[[str, int, Any], None] | None) -> dict[str, Any]:
+    """`repeats` verifications of `cand` against `base`, summarised into an expectations entry."""
+    from perflab.verify.protocol import verify
+
+    runs = []
+    for i in range(repeats):
+        # The bar 1.0 only decides when the run may stop; with min_pairs == max_pairs it never stops early.
+        # Only perflab's own code runs here, so the hashes are taken fresh for each run.
+        verdict = verify(base, cand, expectation=1.0, budget=budget, seed=i, hashes=guard.file_hashes())
+        if on_run is not None:
+            on_run(name, i, verdict)
+        if verdict.speedup is None or verdict.code not in ("faster", "not_faster", "undecided"):
+            log.warning("calibrate %s run %d: %s", name, i, verdict.reason)
+            runs.append({"outcome": verdict.outcome, "code": verdict.code, "reason": verdict.reason})
+            continue
+        lo, hi = verdict.ci or (float("nan"), float("nan"))
+        runs.append({"speedup": verdict.speedup, "ci": [lo, hi], "outcome": verdict.outcome,
+                     "pairs": verdict.pairs, "block_steps": verdict.block_steps,
+                     "seconds": verdict.elapsed_seconds,
+                     "warmup_seconds": verdict.details.get("warmup_seconds", {})})
+    measured = [r for r in runs if "speedup" in r]
+    entry: dict[str, Any] = {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs}
+    if measured:
+        entry.update(expectations.summarise(measured))
+    else:
+        entry.update(kind="unmeasured", rule="every reference run failed; conservative rules apply")
+    return entry
+
+
+def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entries: dict[str, Any]) -> None:
     doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION,
            "hardware_class": machine.hardware_class, "mode": mode, "repeats": repeats, "pairs": pairs,
            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine.to_dict(),
            "optimisations": {k: v for k, v in entries.items() if "threshold" in v or v["kind"] == "unmeasured"}}
-    path = expectations.expectations_path(machine.hardware_class, out_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
