@@ -121,6 +121,12 @@ def test_judge_outcomes_and_claim_check():
     assert v.speedup == pytest.approx(decide.speedup(a, b))
     far = _judge(_result(a, b), claim=2.0 * (1 + 2 * CLAIM_TOLERANCE) * 1.2)
     assert far.passed and far.claim_far_off and "claimed" in far.reason
+    # a typed-in figure far above anything measured fails the candidate, whatever it re-measures at
+    typed = _judge(_result(a, b), claim=9.0 * 2.0)
+    assert (typed.outcome, typed.code, typed.claim_far_off) == ("fail", "claim_contradicted", True)
+    assert "claimed 18.00x" in typed.reason and "own measurement" in typed.reason
+    low = _judge(_result(a, b), claim=0.5)  # an under-claim is noted, not failed
+    assert low.passed and low.claim_far_off
 
     a, b = FakeClock(2, 1.0, 1.0, noise=0.01, spike_p=0.1).pairs(12)
     assert _judge(_result(a, b, expectation=1.5), expectation=1.5).outcome == "fail"

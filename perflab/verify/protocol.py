@@ -37,6 +37,11 @@ MEMORY_LIMIT_BYTES = 8 * 2**30
 # A claim is "far off" when it lies outside the re-measured CI stretched by this fraction either way:
 # students time on their own machines, so an honest figure can sit a little outside ours.
 CLAIM_TOLERANCE = 0.25
+# A claim above the re-measured CI's upper end by this factor is contradicted: the candidate fails.
+# The graded notebook computes its claim on the grading machine in the same run, so only a figure
+# that was not measured (a typed-in number, a patched clock) lands this far off; the in-notebook
+# timings are short, hence the wide margin. An under-claim is only noted.
+CLAIM_CONTRADICTED = 3.0
 # The child's timed total may exceed the parent's wall clock by this much (clock granularity) before
 # it counts as a doctored clock: the timed blocks are a strict part of the child's life.
 WALL_SLACK_SECONDS = 0.05
@@ -322,6 +327,10 @@ def judge(result: dict[str, Any], *, budget: decide.Budget, expectation: float, 
         reason = (f"{measured} still straddles the expected {expectation:.2f}x after the whole timing budget "
                   "(flagged for review)")
     far_off = False
+    if claim is not None and claim > hi * CLAIM_CONTRADICTED:
+        return Verdict("fail", "claim_contradicted",
+                       f"your claimed {claim:.2f}x is more than {CLAIM_CONTRADICTED:g} times the {measured}: "
+                       "a claim must come from your own measurement", claim_far_off=True, **common)
     if claim is not None:
         far_off = claim < lo / (1 + CLAIM_TOLERANCE) or claim > hi * (1 + CLAIM_TOLERANCE)
         if far_off:
