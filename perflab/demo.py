@@ -202,9 +202,11 @@ class Demo:
     notes: dict[str, dict[str, tuple[str, ...]]]  # student -> lab -> feedback lines
     seconds: float
     warnings: tuple[str, ...] = field(default=())
+    autograded_max: dict[str, float] = field(default_factory=dict)  # lab -> points of its autograded cells
 
     def table(self) -> str:
-        """Student x lab autograded scores (written answers wait for a person)."""
+        """Student x lab autograded scores out of each lab's autograded points (written answers wait
+        for a person, so they score nothing yet)."""
         width = max(len(lab) for lab in self.labs)
         head = f"{'student':10s} " + " ".join(f"{lab:>{width}s}" for lab in self.labs) + "   who"
         lines = [head, "-" * len(head)]
@@ -212,6 +214,7 @@ class Demo:
             cells = []
             for lab in self.labs:
                 score, top = self.scores.get(student, {}).get(lab, (0.0, 0.0))
+                top = self.autograded_max.get(lab, top)
                 cells.append(f"{f'{score:g}/{top:g}':>{width}s}")
             lines.append(f"{student:10s} " + " ".join(cells) + f"   {WHO[student]}")
         return "\n".join(lines)
@@ -307,7 +310,20 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
         scores.setdefault(record.student, {})[record.lab] = (record.score, record.max_score)
         notes.setdefault(record.student, {})[record.lab] = tuple(record.notes)
     return Demo(out, course, tuple(labs), students, csv_path, json_path, tuple(pages), reports, class_report,
-                scores, notes, time.monotonic() - started, tuple(warnings))
+                scores, notes, time.monotonic() - started, tuple(warnings),
+                {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs})
+
+
+def autograded_points(source: Path) -> float:
+    """Points of a source notebook's autograded cells (graded, not an answer a person grades)."""
+    import nbformat
+
+    total = 0.0
+    for cell in nbformat.read(source, as_version=4).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            total += float(meta.get("points", 0))
+    return total
 
 
 def summary(demo: Demo) -> str:

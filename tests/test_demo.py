@@ -76,6 +76,9 @@ def test_reports_and_the_table_exist(demo):
     assert any(w.startswith("broken:") for w in demo.warnings)
     table = demo.table()
     assert "reference" in table and LAB in table
+    top = demo.autograded_max[LAB]
+    assert 0 < top < 100  # lab 1 has written answers too: they wait for a person
+    assert demo.scores["reference"][LAB][0] == top and f"{top:g}/{top:g}" in table
     assert demo.grades_csv.is_file()
 
 
