@@ -200,3 +200,18 @@ def test_sync_roundtrip_in_a_copy(tmp_path) -> None:
 def test_unknown_lab_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="lab: 'lab99_nope' is not a lab"):
         build.sync(["lab99_nope"])
+
+
+@pytest.mark.slow
+def test_make_lab_runs_the_notebook_beside_a_copy_of_itself(tmp_path) -> None:
+    """`make lab` (build.run_notebook) runs in a folder holding the notebook, as Jupyter does: lab 6
+    reads its written analysis from its own file."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    source = tmp_path / "src" / "selfread.ipynb"
+    source.parent.mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell(
+        "import json\nprint(len(json.load(open('selfread.ipynb'))['cells']), 'cell')")]), source)
+    nb, seconds = build.run_notebook(source, workdir=tmp_path / "work")
+    assert nb.cells[0].outputs[0]["text"] == "1 cell\n" and seconds > 0
+    assert (tmp_path / "work" / "selfread.ipynb").is_file()

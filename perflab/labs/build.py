@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -233,7 +234,8 @@ def check(*, solutions: Path = SOLUTIONS, dest: Path = LABS) -> list[str]:
 
 def run_notebook(path: Path, *, mode: str | None = None, timeout: int = 900,
                  workdir: Path | None = None) -> tuple[Any, float]:
-    """Execute a notebook with nbclient in `workdir` (a fresh temporary folder by default).
+    """Execute a notebook with nbclient in `workdir` (a fresh temporary folder by default), with a
+    copy of the notebook there as Jupyter has it (lab 6 reads its own analysis cell from the file).
 
     Returns the executed notebook and the wall time in seconds. Raises nbclient's
     CellExecutionError naming the failing cell on the first error.
@@ -245,6 +247,8 @@ def run_notebook(path: Path, *, mode: str | None = None, timeout: int = 900,
     with tempfile.TemporaryDirectory(prefix="perflab-run-") as tmp:
         cwd = workdir or Path(tmp)
         cwd.mkdir(parents=True, exist_ok=True)
+        if not (cwd / path.name).exists() or not (cwd / path.name).samefile(path):
+            shutil.copyfile(path, cwd / path.name)
         client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                          resources={"metadata": {"path": str(cwd)}})
         saved = {k: os.environ.get(k) for k in changes}
