@@ -287,6 +287,8 @@ class Workload:
     _batches: Iterator[Any] | None = field(default=None, repr=False)
     _epoch: int = 0
     steps_done: int = 0
+    # fp16 has 5 exponent bits: small gradients flush to zero without loss scaling (bf16 needs none).
+    scaler: torch.amp.GradScaler | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.amp_dtype is None:
@@ -326,8 +328,9 @@ def build(config: TrainConfig) -> Workload:
     if config.compile_mode is not None:
         train_model = torch.compile(model, mode=config.compile_mode)
     augment = DeviceAugment(config.seed).to(device) if config.gpu_augment else None
+    scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
     return Workload(config, model, train_model, optimizer, build_loader(config, data), device,
-                    augment, num_classes)
+                    augment, num_classes, scaler=scaler)
 
 
 def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, list[int]]:
@@ -351,11 +354,15 @@ def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, 
             logits = model(images)
             loss = nn.functional.cross_entropy(logits, labels) / cfg.accumulation_steps
         with timer.phase("backward"):
-            loss.backward()
+            (loss if work.scaler is None else work.scaler.scale(loss)).backward()
         total_loss += float(loss.detach())
         indices.extend(int(i) for i in index)
     with timer.phase("optimizer"):
-        work.optimizer.step()
+        if work.scaler is None:
+            work.optimizer.step()
+        else:  # unscales, skips the step if a gradient overflowed, then adapts the scale
+            work.scaler.step(work.optimizer)
+            work.scaler.update()
         work.optimizer.zero_grad(set_to_none=True)
     work.steps_done += 1
     return total_loss, indices

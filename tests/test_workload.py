@@ -172,3 +172,28 @@ def test_adam_optimizer_knob() -> None:
     work = workload.build(TINY.replace(optimizer="adam"))
     assert isinstance(work.optimizer, torch.optim.Adam)
     work.close()
+
+
+def test_fp16_trains_with_a_grad_scaler_and_bf16_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16 gradients underflow without loss scaling: an fp16 run scales its loss, unscales before the
+    step and skips a step whose gradients overflowed. Run on CPU here (CPU fp16 autocast works, it is
+    only too slow for the labs to time), as it runs on a GPU."""
+    assert workload.build(TINY.replace(amp_dtype="bf16")).scaler is None
+    monkeypatch.setattr(workload.env, "supports_autocast", lambda kind, dtype: True)
+    work = workload.build(TINY.replace(amp_dtype="fp16", device="cpu"))
+    assert isinstance(work.scaler, torch.amp.GradScaler)
+    # the first steps may overflow at the initial scale (2**16): skipped, the scale halves, until one applies
+    for _ in range(20):
+        before = [p.detach().clone() for p in work.model.parameters()]
+        loss, _ = workload.train_step(work)
+        assert torch.isfinite(torch.tensor(loss))
+        if any(not torch.equal(a, p) for a, p in zip(before, work.model.parameters(), strict=True)):
+            break
+    else:
+        raise AssertionError("20 fp16 steps and not one update: the scaler never backed off")
+    # an overflowing scale: the step is skipped and the scale backs off
+    work.scaler.update(new_scale=2.0**120)
+    before = [p.detach().clone() for p in work.model.parameters()]
+    workload.train_step(work)
+    assert all(torch.equal(a, p) for a, p in zip(before, work.model.parameters(), strict=True)), "overflow applied"
+    assert work.scaler.get_scale() < 2.0**120
