@@ -39,3 +39,31 @@ def test_labs_with_their_own_pair_are_calibrated_too():
     base, cand = calibrate.lab_pairs("tiny")[lab04.EXPECTATION]
     assert (base, cand) == lab04.calibration_pair("tiny")
     assert cand.checkpoint_segments > 0 and base.checkpoint_segments == 0
+
+
+def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
+    """Lab 6's final configuration keeps only gains calibrated here: its pair must be built after the
+    generic bars are written, reading them from where they were written (also with --out)."""
+    from perflab.verify import expectations
+    from perflab.workload import TrainConfig
+
+    seen = {}
+
+    def fake_measure(name, base, cand, repeats, budget, on_run):
+        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [],
+                **expectations.summarise([{"speedup": 1.3, "ci": [1.2, 1.4]}])}
+
+    def fake_pairs(mode):
+        path = expectations.default_dir()
+        seen["dir"] = path
+        seen["written"] = sorted(expectations.load_file(next(path.glob("*.json")))["optimisations"])
+        base = TrainConfig(data="tiny")
+        return {name: (base, base) for name in calibrate.lab_names()}
+
+    monkeypatch.setattr(calibrate, "_measure", fake_measure)
+    monkeypatch.setattr(calibrate, "lab_pairs", fake_pairs)
+    monkeypatch.delenv(expectations.EXPECTATIONS_ENV, raising=False)
+    path = calibrate.calibrate(["num_workers", "lab06_final"], repeats=1, out_dir=tmp_path, device="cpu")
+    assert seen == {"dir": tmp_path, "written": ["num_workers"]}
+    assert sorted(expectations.load_file(path)["optimisations"]) == ["lab06_final", "num_workers"]
+    assert expectations.EXPECTATIONS_ENV not in __import__("os").environ

@@ -7,10 +7,12 @@ speedups set the bar (`expectations.threshold_rule`); nothing here is typed by h
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,13 +117,29 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
             entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run)
     labs = [name for name in chosen if name not in REFERENCE_CHANGES]
     if labs:
-        # A lab's pair may depend on the bars just measured (lab 6 adds only calibrated gains): write them first.
+        # A lab's pair may depend on the bars just measured (lab 6 adds only calibrated gains): write them
+        # first, and let the lab read them from where they were written.
         _write(path, machine, mode, repeats, pairs, entries)
-        lab = lab_pairs(mode)
+        with _reading_expectations_from(path.parent):
+            lab = lab_pairs(mode)
         for name in labs:
             entries[name] = _measure(name, *lab[name], repeats, budget, on_run)
     _write(path, machine, mode, repeats, pairs, entries)
     return path
+
+
+@contextlib.contextmanager
+def _reading_expectations_from(folder: Path) -> Iterator[None]:
+    """`load_expectation` reads `folder` (PERFLAB_EXPECTATIONS) inside the block."""
+    saved = os.environ.get(expectations.EXPECTATIONS_ENV)
+    os.environ[expectations.EXPECTATIONS_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(expectations.EXPECTATIONS_ENV, None)
+        else:
+            os.environ[expectations.EXPECTATIONS_ENV] = saved
 
 
 def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
