@@ -303,4 +303,4 @@ def test_exported_candidate_trains_like_the_baseline(tiny_data, tmp_path) -> Non
 def test_calibration_pair_checkpoints_every_stage() -> None:
     base, cand = lab04.calibration_pair("tiny")
     assert cand == base.replace(checkpoint_segments=len(lab04.GRADED_STAGES))
-    assert lab04.EXPECTATION.startswith("checkpoint")  # uncalibrated, verify's known-cost rule applies
+    assert lab04.EXPECTATION.startswith("checkpoint")  # where uncalibrated, verify's known-cost rule applies
