@@ -11,7 +11,6 @@ from __future__ import annotations
 from perflab.verify import guard  # isort: skip
 
 CLOCKS = guard.Clocks()
-_THREAD_CLOCK_NS = __import__("time").clock_gettime_ns
 
 import json  # noqa: E402
 import math  # noqa: E402
@@ -139,7 +138,7 @@ def _new_threads_cpu_ns() -> int:
     total = 0
     for tid in (_thread_ids() or frozenset()) - (_REST_THREADS or frozenset()):
         try:  # the kernel's clock id for a thread's CPU time: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
-            total += _THREAD_CLOCK_NS((~tid << 3) | 6)
+            total += CLOCKS.clock_gettime_ns((~tid << 3) | 6)
         except OSError:  # the thread ended
             continue
     return total
