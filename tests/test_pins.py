@@ -5,17 +5,38 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
 PIN = re.compile(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==([^\s#]+)")
 
 
+def _requirements(pyproject: str) -> list[str]:
+    """The strings of [project] dependencies and every [project.optional-dependencies] list. Read as
+    text, the one layout pyproject.toml uses (tomllib is Python 3.11+; the kit supports 3.10)."""
+    table, listing, out = "", False, []
+    for raw in pyproject.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not listing and line.startswith("[") and line.endswith("]"):
+            table = line
+        elif not listing and line.endswith("= [") and (
+                table == "[project.optional-dependencies]" or (table == "[project]" and line.startswith("dependencies"))):
+            listing = True
+        elif listing and line.startswith("]"):
+            listing = False
+        elif listing and line:
+            out.append(line.rstrip(",").strip('"'))
+    return out
+
+
+def test_requirements_reader_sees_every_list() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    found = _requirements(text)
+    assert "torch==2.14.1" in found and "nbgrader==0.9.6" in found and "pytest==9.2.0" in found
+    quoted_pins = re.findall(r'^\s*"[^"]+==[^"]+",?\s*$', text, flags=re.M)
+    assert len(found) == len(quoted_pins), "a requirement line was missed"
+
+
 def _pyproject_pins() -> dict[str, str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    lines = list(project["dependencies"])
-    for extra in project["optional-dependencies"].values():
-        lines.extend(extra)
+    lines = _requirements((ROOT / "pyproject.toml").read_text())
     pins = {}
     for line in lines:
         match = PIN.match(line)
