@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from perflab.labs import lab01
+from perflab.labs.hidden import lab01 as hidden01
 
 LAB = lab01.LAB
 MANUAL = {"answer_timing", "answer_profilers", "answer_bottleneck"}
@@ -71,7 +72,7 @@ def _timer_without_sync(fn, warmup=3, repeats=20, clock=time.perf_counter, sync=
 
 def test_timer_that_forgets_sync_fails() -> None:
     with pytest.raises(AssertionError, match="sync"):
-        lab01.check_time_callable(_timer_without_sync, seed=1)
+        hidden01.check_time_callable(_timer_without_sync, seed=1)
 
 
 def test_fake_device_charges_queued_work_at_sync() -> None:
@@ -96,7 +97,7 @@ def test_conv_formula_ignoring_groups_and_dilation_fails() -> None:
         return 2 * n * conv.out_channels * out * out * c * k * k
 
     with pytest.raises(AssertionError, match="FlopCounterMode counts"):
-        lab01.check_conv2d_flops(naive, seed=2)
+        hidden01.check_conv2d_flops(naive, seed=2)
 
 
 def test_leaky_preprocessing_fails_and_reset_frees_it() -> None:
@@ -111,7 +112,7 @@ def test_leak_finder_that_returns_the_wrong_line_fails() -> None:
         return fn.__code__.co_filename, fn.__code__.co_firstlineno
 
     with pytest.raises(AssertionError, match="keeps what line"):
-        lab01.check_find_leak(first_line, seed=4)
+        hidden01.check_find_leak(first_line, seed=4)
 
 
 def test_memory_budget_counting_saved_tensors_twice_fails() -> None:
@@ -127,7 +128,7 @@ def test_memory_budget_counting_saved_tensors_twice_fails() -> None:
                 "optimizer": {"sgd": 0, "sgd-momentum": 1, "adam": 2}[optimizer] * grads, "activations": sum(saved)}
 
     with pytest.raises(AssertionError, match="activations"):
-        lab01.check_memory_budget(no_dedup, seed=5)
+        hidden01.check_memory_budget(no_dedup, seed=5)
 
 
 def test_roofline_verdict_with_the_ridge_upside_down_fails() -> None:
@@ -136,22 +137,22 @@ def test_roofline_verdict_with_the_ridge_upside_down_fails() -> None:
         return ("memory-bound" if intensity >= peak / bandwidth else "compute-bound"), min(peak, bandwidth * intensity)
 
     with pytest.raises(AssertionError, match="you said"):
-        lab01.check_roofline_verdict(flipped, seed=6)
+        hidden01.check_roofline_verdict(flipped, seed=6)
 
 
 def test_bottleneck_reference_accepts_both_answers_near_a_threshold() -> None:
     layers = [{"flops": 1e9, "bytes": 1e7}]
     near = {"data": lab01.DATA_SHARE + 0.01, "forward": 1 - lab01.DATA_SHARE - 0.01}
     far = {"data": 0.9, "forward": 0.1}
-    assert lab01.reference_verdict(near, layers, 1e11, 1e10)["stages_accepted"] == ("data", "model")
-    assert lab01.reference_verdict(far, layers, 1e11, 1e10)["stages_accepted"] == ("data",)
+    assert hidden01.reference_verdict(near, layers, 1e11, 1e10)["stages_accepted"] == ("data", "model")
+    assert hidden01.reference_verdict(far, layers, 1e11, 1e10)["stages_accepted"] == ("data",)
 
     def always_model(phase_seconds, layers, peak_flops, peak_bandwidth):
         return {"stage": "model", "bound": "compute"}
 
     measured = {"phase_seconds": far, "layers": layers, "peak_flops": 1e11, "peak_bandwidth": 1e10}
     with pytest.raises(AssertionError, match="the stage is data, you said model"):
-        lab01.check_bottleneck_here(always_model, None, measured=measured)
+        hidden01.check_bottleneck_here(always_model, None, measured=measured)
 
 
 def test_layer_calls_sees_every_conv_and_linear_of_resnet18() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from perflab import workload
 from perflab.labs import lab02
+from perflab.labs.hidden import lab02 as hidden02
 from perflab.labs.lab02 import DataWait
 
 LAB = lab02.LAB
@@ -113,8 +114,8 @@ def test_results_hold_phases_sweep_speedup_and_verdict(tiny_data) -> None:
 
 
 def test_good_loader_passes_every_check() -> None:
-    lab02.check_make_loader(good_loader, seed=1)
-    lab02.check_loader_order(good_loader, seed=2)
+    hidden02.check_make_loader(good_loader, seed=1)
+    hidden02.check_loader_order(good_loader, seed=2)
 
 
 def test_shuffle_with_the_loaders_generator_changes_order_with_persistent_workers() -> None:
@@ -131,7 +132,7 @@ def test_dropping_the_ragged_batch_fails() -> None:
     problems = lab02.loader_problems(drop_last, 23, 5)
     assert problems and "3 missing" in problems[0]
     with pytest.raises(AssertionError, match="missing"):
-        lab02.check_make_loader(drop_last, seed=1)
+        hidden02.check_make_loader(drop_last, seed=1)
 
 
 def test_unshuffled_or_unseeded_loaders_fail() -> None:
@@ -160,7 +161,7 @@ def test_worker_options_with_no_workers_must_not_raise() -> None:
 
 
 def test_good_measure_passes_and_data_wait_derives_its_statistics() -> None:
-    lab02.check_measure_data_wait(good_measure, seed=3)
+    hidden02.check_measure_data_wait(good_measure, seed=3)
     clock = lab02.FakeClock()
     got = good_measure(lab02.ScriptedBatches(clock, 0.5, [0.25, 0.125], [8, 3]),
                        lab02.scripted_step(clock, [1.0, 0.5]), 2, clock=clock)
@@ -182,19 +183,19 @@ def test_cpu_time_or_missing_startup_fails() -> None:
         return DataWait(0.0, got.wait, got.compute, got.sizes)
 
     with pytest.raises(AssertionError, match="wall clock"):
-        lab02.check_measure_data_wait(cpu_time, seed=3)
+        hidden02.check_measure_data_wait(cpu_time, seed=3)
     with pytest.raises(AssertionError, match="startup"):
-        lab02.check_measure_data_wait(no_startup, seed=3)
+        hidden02.check_measure_data_wait(no_startup, seed=3)
 
 
 def test_pick_workers_checks() -> None:
-    lab02.check_pick_workers(good_pick, seed=4)
+    hidden02.check_pick_workers(good_pick, seed=4)
 
     def fastest(sweep, tolerance=0.05):
         return max(sweep, key=sweep.get)
 
     with pytest.raises(AssertionError, match="expected"):
-        lab02.check_pick_workers(fastest, seed=4)
+        hidden02.check_pick_workers(fastest, seed=4)
     assert lab02.sweep_counts(2) == [0, 1, 2, 3, 4]
     assert lab02.sweep_counts(16) == [0, 1, 2, 3, 4, 6, 8]
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from perflab import env
 from perflab.labs import lab03
+from perflab.labs.hidden import lab03 as hidden03
 
 LAB = lab03.LAB
 MANUAL = {"answer_speed", "answer_scaler", "answer_census"}
@@ -218,8 +219,8 @@ def test_results_hold_speedups_verdict_curves_and_census(tiny_data) -> None:
 
 
 def test_good_step_passes_every_check() -> None:
-    lab03.check_amp_step(good_step, seed=1, problems=2)
-    lab03.check_scaler(good_step, seed=2, problems=1)
+    hidden03.check_amp_step(good_step, seed=1, problems=2)
+    hidden03.check_scaler(good_step, seed=2, problems=1)
 
 
 def test_ignoring_the_dtype_fails_the_low_precision_check() -> None:
@@ -227,7 +228,7 @@ def test_ignoring_the_dtype_fails_the_low_precision_check() -> None:
     problems = lab03.low_precision_problems(no_autocast_step, 3, "bf16")
     assert problems and "produced float32, not bfloat16" in problems[0]  # ...in the wrong precision
     with pytest.raises(AssertionError, match="torch.autocast"):
-        lab03.check_amp_step(no_autocast_step, seed=3, problems=1)
+        hidden03.check_amp_step(no_autocast_step, seed=3, problems=1)
 
 
 def test_converting_the_model_fails() -> None:
@@ -265,18 +266,52 @@ def test_problems_are_reproducible_and_vary() -> None:
 
 
 def test_good_census_passes_every_check() -> None:
-    lab03.check_census(good_census, seed=7, problems=2)
+    hidden03.check_census(good_census, seed=7, problems=2)
 
 
 def test_census_that_leaves_hooks_or_eval_mode_fails() -> None:
-    found = lab03.census_problems(leaky_census, 8, "bf16")
+    found = lab03.census_problems(leaky_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
     assert any("left in eval mode" in p for p in found), found
     assert any("hooks are still registered" in p for p in found), found
+    with pytest.raises(AssertionError, match="left in eval mode|hooks are still registered"):
+        hidden03.check_census(leaky_census, seed=8, problems=1)
 
 
 def test_census_of_containers_fails() -> None:
-    found = lab03.census_problems(every_module_census, 8, "bf16")
+    found = lab03.census_problems(every_module_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
     assert found and "unexpected Sequential" in found[0], found
+    with pytest.raises(AssertionError, match="unexpected Sequential"):
+        hidden03.check_census(every_module_census, seed=8, problems=1)
+
+
+def test_stored_census_is_the_reference_census() -> None:
+    """The visible check's stored expectations are what the hidden reference computes with this torch
+    (regenerate with `python -m perflab.labs.hidden.lab03` when this fails after a torch upgrade)."""
+    import json
+
+    stored = json.loads(lab03.CENSUS_FILE.read_text(encoding="utf-8"))
+    assert stored["cases"] == hidden03.visible_census()["cases"]
+    assert set(stored["cases"]) == {"seed=5 dtype=float32 device=cpu", "seed=5 dtype=bfloat16 device=cpu"}
+
+
+def test_visible_census_check_uses_the_stored_census() -> None:
+    for dtype in (torch.float32, torch.bfloat16):  # what the notebook's visible cell runs
+        assert lab03.census_problems(good_census, 5, dtype) == []
+    found = lab03.census_problems(every_module_census, 5, "bf16")
+    assert found and "unexpected Sequential" in found[0], found
+    found = lab03.census_problems(good_census, 5, "bf16", expected={"Conv2d": {"bfloat16": 1}, "loss": {"float32": 1}})
+    assert found and "census differs" in found[0], found
+    with pytest.raises(ValueError, match="seed=5 dtype=bfloat16 device=cpu.*expected="):
+        lab03.census_problems(good_census, 8, "bf16")
+    with pytest.raises(ValueError, match="no stored census"):
+        lab03.census_problems(good_census, 5, "bf16", resnet=True)
+
+
+def test_stored_census_can_be_rewritten(tmp_path) -> None:
+    path = hidden03.write_visible_census(tmp_path / "census.json")
+    for seed, dtype in hidden03.VISIBLE_CENSUS_CASES:
+        case = lab03.census_case(seed, dtype)
+        assert lab03.stored_census(case, path) == lab03.stored_census(case)
 
 
 def test_op_census_sees_autocast_choices() -> None:

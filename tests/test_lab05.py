@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from perflab.labs import lab05
+from perflab.labs.hidden import lab05 as hidden05
 from perflab.labs.lab05 import BrokenBlock, CompileTiming
 
 LAB = lab05.LAB
@@ -164,15 +165,15 @@ def test_results_hold_compile_numbers_and_the_verdict() -> None:
 
 
 def test_measure_compile_checks() -> None:
-    lab05.check_measure_compile(measure_compile, seed=1)
+    hidden05.check_measure_compile(measure_compile, seed=1)
     with pytest.raises(AssertionError, match="reset"):
-        lab05.check_measure_compile(lambda *a, **k: measure_compile(*a, **k, reset=False), seed=1)
+        hidden05.check_measure_compile(lambda *a, **k: measure_compile(*a, **k, reset=False), seed=1)
 
     def no_sync(build, steps, *, clock=time.perf_counter, sync=None):
         return measure_compile(build, steps, clock=clock)
 
     with pytest.raises(AssertionError, match="sync"):
-        lab05.check_measure_compile(no_sync, seed=2)
+        hidden05.check_measure_compile(no_sync, seed=2)
 
     def times_build(build, steps, *, clock=time.perf_counter, sync=None):
         start = clock()
@@ -180,7 +181,7 @@ def test_measure_compile_checks() -> None:
         return CompileTiming(clock() - start - sum(timing.steady), timing.steady)
 
     with pytest.raises(AssertionError, match="build"):
-        lab05.check_measure_compile(times_build, seed=3)
+        hidden05.check_measure_compile(times_build, seed=3)
 
 
 def test_compile_timing_derives_its_statistics() -> None:
@@ -195,30 +196,30 @@ def test_compile_timing_derives_its_statistics() -> None:
 
 
 def test_graph_break_checks() -> None:
-    lab05.check_graph_breaks(graph_breaks, seed=2)
+    hidden05.check_graph_breaks(graph_breaks, seed=2)
 
     def first_line(fn, *args):
         return [(1, reason) for _, reason in graph_breaks(fn, *args)]
 
     with pytest.raises(AssertionError, match="dynamo breaks at lines"):
-        lab05.check_graph_breaks(first_line, seed=2)
+        hidden05.check_graph_breaks(first_line, seed=2)
 
     def counts_graphs(fn, *args):
         out = torch._dynamo.explain(fn)(*args)
         return [(int(b.user_stack[-1].lineno), "x") for b in out.break_reasons] + [(0, "one more")]
 
     with pytest.raises(AssertionError, match="you found"):
-        lab05.check_graph_breaks(counts_graphs, seed=3)
+        hidden05.check_graph_breaks(counts_graphs, seed=3)
 
 
 def test_fixed_block_checks() -> None:
-    lab05.check_fixed_block(FixedBlock, seed=3)
+    hidden05.check_fixed_block(FixedBlock, seed=3)
     with pytest.raises(AssertionError, match="graph break"):
-        lab05.check_fixed_block(BrokenBlock, seed=3, cases=1)
+        hidden05.check_fixed_block(BrokenBlock, seed=3, cases=1)
     with pytest.raises(AssertionError, match="outputs differ"):
-        lab05.check_fixed_block(AlwaysCentre, seed=3)
+        hidden05.check_fixed_block(AlwaysCentre, seed=3)
     with pytest.raises(AssertionError, match="subclass"):
-        lab05.check_fixed_block(lab05.PlainBlock, seed=3, cases=1)
+        hidden05.check_fixed_block(lab05.PlainBlock, seed=3, cases=1)
 
 
 def test_compiled_gate_catches_gradients_that_the_original_did_not_have() -> None:
@@ -229,39 +230,39 @@ def test_compiled_gate_catches_gradients_that_the_original_did_not_have() -> Non
 
 
 def test_break_even_checks() -> None:
-    lab05.check_break_even(break_even_steps, seed=4)
-    assert lab05.reference_break_even(30.0, 0.2, 0.1) == 300
-    assert lab05.reference_break_even(5.0, 0.1, 0.1) == math.inf
+    hidden05.check_break_even(break_even_steps, seed=4)
+    assert hidden05.reference_break_even(30.0, 0.2, 0.1) == 300
+    assert hidden05.reference_break_even(5.0, 0.1, 0.1) == math.inf
 
     def ratio(c, e, k):
         return c / (e - k) if e != k else 0
 
     with pytest.raises(AssertionError, match="expected"):
-        lab05.check_break_even(ratio, seed=4)
+        hidden05.check_break_even(ratio, seed=4)
 
     def big_number(c, e, k):
         out = break_even_steps(c, e, k)
         return 10**9 if out == math.inf else out
 
     with pytest.raises(AssertionError, match="never pays"):
-        lab05.check_break_even(big_number, seed=5)
+        hidden05.check_break_even(big_number, seed=5)
 
     def no_validation(c, e, k):
-        return lab05.reference_break_even(c, e, k)
+        return hidden05.reference_break_even(c, e, k)
 
     with pytest.raises(AssertionError, match="ValueError"):
-        lab05.check_break_even(no_validation, seed=6)
+        hidden05.check_break_even(no_validation, seed=6)
 
 
 @pytest.mark.parametrize("setup", [setup_drop_last, setup_dynamic, setup_mark_dynamic])
 def test_every_recompile_fix_passes(setup) -> None:
-    lab05.check_no_recompile(setup, seed=6, cases=2)
+    hidden05.check_no_recompile(setup, seed=6, cases=2)
 
 
 @pytest.mark.parametrize(("setup", "words"), [(setup_naive, "2 graphs"), (setup_ignores_backend, "no graph reached")])
 def test_recompile_check_fails_wrong_setups(setup, words) -> None:
     with pytest.raises(AssertionError, match=words):
-        lab05.check_no_recompile(setup, seed=6, cases=1)
+        hidden05.check_no_recompile(setup, seed=6, cases=1)
 
 
 def test_recompile_reasons_name_the_guard() -> None:
@@ -333,3 +334,9 @@ def test_a_compiling_candidate_is_verified_not_called_tampering() -> None:
     gate = verdict.details["gate"]
     assert gate["candidate_losses"][0] == pytest.approx(gate["baseline_losses"][0], rel=1e-3)
     assert verdict.details["warmup_seconds"]["candidate"] > verdict.details["warmup_seconds"]["baseline"]
+
+
+def test_hidden_checks_live_apart() -> None:
+    for name in ("reference_break_even", "reference_breaks", "check_break_even", "check_fixed_block",
+                 "check_graph_breaks", "check_measure_compile", "check_no_recompile"):
+        assert not hasattr(lab05, name) and hasattr(hidden05, name), name

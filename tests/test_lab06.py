@@ -13,6 +13,7 @@ import pytest
 
 from perflab import env, results
 from perflab.labs import common, lab06
+from perflab.labs.hidden import lab06 as hidden06
 from perflab.workload import TrainConfig
 
 LAB = lab06.LAB
@@ -146,19 +147,19 @@ def test_results_and_report_hold_the_ablation(tiny_data) -> None:
 
 
 def test_good_cumulative_passes_and_the_usual_mistakes_fail() -> None:
-    lab06.check_cumulative_speedups(good_cumulative, seed=1)
+    hidden06.check_cumulative_speedups(good_cumulative, seed=1)
     with pytest.raises(AssertionError, match="ORIGINAL baseline"):
-        lab06.check_cumulative_speedups(chained_cumulative, seed=1)
+        hidden06.check_cumulative_speedups(chained_cumulative, seed=1)
     with pytest.raises(AssertionError, match="ratio of medians"):
-        lab06.check_cumulative_speedups(median_cumulative, seed=1)
+        hidden06.check_cumulative_speedups(median_cumulative, seed=1)
     with pytest.raises(AssertionError, match="paired"):
-        lab06.check_cumulative_speedups(unpaired_cumulative, seed=1)
+        hidden06.check_cumulative_speedups(unpaired_cumulative, seed=1)
 
     def unchecked(measurements, **kw):
         return [] if len(measurements) < 2 else good_cumulative(measurements, **kw)
 
     with pytest.raises(AssertionError, match="only the baseline"):
-        lab06.check_cumulative_speedups(unchecked, seed=1)
+        hidden06.check_cumulative_speedups(unchecked, seed=1)
 
 
 def test_visible_example_is_against_the_original_baseline() -> None:
@@ -168,10 +169,32 @@ def test_visible_example_is_against_the_original_baseline() -> None:
     assert lab06.cumulative_problems(chained_cumulative, example)
 
 
+def test_stored_rows_are_the_reference_rows(tmp_path) -> None:
+    """The visible check's stored rows are what the hidden reference computes (rewrite them with
+    `python -m perflab.labs.hidden.lab06` after a change to the contract or to numpy)."""
+    stored = json.loads(lab06.CUMULATIVE_FILE.read_text(encoding="utf-8"))
+    assert stored["cases"] == hidden06.visible_cumulative()["cases"]
+    path = hidden06.write_visible_cumulative(tmp_path / "rows.json")
+    example = hidden06.VISIBLE_EXAMPLES[0]
+    assert lab06.stored_cumulative(example, path=path) == lab06.stored_cumulative(example)
+
+
+def test_visible_check_uses_the_stored_rows() -> None:
+    example = hidden06.VISIBLE_EXAMPLES[0]
+    assert lab06.cumulative_problems(good_cumulative, example) == []
+    assert lab06.cumulative_problems(median_cumulative, example)
+    wrong = [dict(row, speedup=row["speedup"] * 1.01) for row in lab06.stored_cumulative(example)]
+    assert "expected" in lab06.cumulative_problems(good_cumulative, example, wrong)[0]
+    with pytest.raises(ValueError, match="no stored rows"):
+        lab06.cumulative_problems(good_cumulative, {"baseline": [1.0, 1.1], "+ x": [0.5, 0.5]})
+    with pytest.raises(ValueError, match="no stored rows"):
+        lab06.cumulative_problems(good_cumulative, example, quantile=0.5)
+
+
 def test_good_table_passes_and_linear_shares_fail() -> None:
-    lab06.check_ablation_table(good_table, seed=2)
+    hidden06.check_ablation_table(good_table, seed=2)
     with pytest.raises(AssertionError, match="share"):
-        lab06.check_ablation_table(linear_share_table, seed=2)
+        hidden06.check_ablation_table(linear_share_table, seed=2)
 
     def no_parity(rows):
         out = good_table(rows)
@@ -181,14 +204,14 @@ def test_good_table_passes_and_linear_shares_fail() -> None:
         return out
 
     with pytest.raises(AssertionError, match="None"):
-        lab06.check_ablation_table(no_parity, seed=2)
+        hidden06.check_ablation_table(no_parity, seed=2)
 
 
 def test_random_measurements_are_valid_and_vary() -> None:
     rng = random.Random(5)
     seen = set()
     for _ in range(20):
-        m = lab06.random_measurements(rng)
+        m = hidden06.random_measurements(rng)
         lengths = {len(v) for v in m.values()}
         assert len(lengths) == 1 and min(min(v) for v in m.values()) > 0
         seen.add(len(m))

@@ -32,21 +32,26 @@ The student writes three things in `solutions/lab03_amp` (the notebook); the tes
         where the hardware has nothing to give. `CLAIM` is the speedup measured in the notebook.
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
-baseline, what each kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`), the checks
-(`check_amp_step`, `check_scaler`, `check_census`, `check_config`, each built on a `*_problems` function
-that returns the problems in words), the measurements the notebook shows (`loss_curves`, `op_census`,
-`compare_precisions`, `matmul_shapes`) and `verify_amp`.
+baseline, what each kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`), the visible
+checks (`parity_problems`, `low_precision_problems`, `scaler_problems`, `census_problems`,
+`config_problems`, each returning the problems in words, and `check_config`), the measurements the
+notebook shows (`loss_curves`, `op_census`, `compare_precisions`, `matmul_shapes`) and `verify_amp`.
+The visible census check compares against stored expected censuses (`CENSUS_FILE`, beside this
+module). The hidden tests' checks (`check_amp_step`, `check_scaler`, `check_census`) and the reference
+census they compare against live in the grader-only `perflab/labs/hidden/lab03.py`.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import json
 import math
 import random
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,6 +138,9 @@ CENSUS_SKIP_OPS = frozenset({
     "clone", "copy_", "zeros", "zeros_like", "ones_like", "new_empty", "new_zeros", "fill_", "zero_",
     "_local_scalar_dense", "add_", "lift_fresh_copy", "contiguous", "split", "unbind",
 })
+# The expected censuses of the visible census check (small CNNs only), keyed by `census_case`:
+# written by the grader-only perflab/labs/hidden/lab03.py (`write_visible_census`) from its reference.
+CENSUS_FILE = Path(__file__).with_name("lab03_census.json")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -337,11 +345,6 @@ def precision_settings() -> dict[str, Any]:
 # Small problems for the checks: random shapes, fixed by a seed
 
 
-def draw_seed() -> int:
-    """A fresh seed for a hidden test (printed with any failure, so a failure can be replayed)."""
-    return random.SystemRandom().randrange(2**31)
-
-
 @dataclass(frozen=True)
 class Problem:
     """A small CNN classification problem whose shapes and data follow from `seed`.
@@ -462,7 +465,6 @@ def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-
 @_one_thread
 def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
                     steps: int = PARITY_STEPS) -> list[str]:
@@ -504,9 +506,8 @@ def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *,
     seen: list[tuple[str, torch.dtype]] = []
 
     def record(module: nn.Module, inputs: Any, output: Any) -> None:
-        tensor = _first_tensor(output)
-        if tensor is not None:
-            seen.append((type(module).__name__, tensor.dtype))
+        if isinstance(output, torch.Tensor):  # convolutions and linear layers return one tensor
+            seen.append((type(module).__name__, output.dtype))
 
     handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     images, labels = problem.batch(0)
@@ -613,41 +614,6 @@ def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str
     return problems
 
 
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)):
-        for item in output:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-@torch.no_grad()
-def _expected_census(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                     dtype: torch.dtype) -> dict[str, dict[str, int]]:
-    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-
-    def record(module: nn.Module, inputs: Any, output: Any) -> None:
-        tensor = _first_tensor(output)
-        if tensor is not None:
-            counts[type(module).__name__][dtype_name(tensor.dtype)] += 1
-
-    was_training = model.training
-    handles = [m.register_forward_hook(record) for m in model.modules() if not list(m.children())]
-    model.eval()
-    try:
-        with torch.autocast(images.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = nn.functional.cross_entropy(model(images), labels)
-        counts["loss"][dtype_name(loss.dtype)] += 1
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
-    return {name: dict(c) for name, c in counts.items()}
-
-
 def _plain(census: Any) -> dict[str, dict[str, int]]:
     if not isinstance(census, Mapping):
         raise TypeError(f"dtype_census returned {type(census).__name__}; return a dict of dicts")
@@ -659,28 +625,55 @@ def _plain(census: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-@_one_thread
-def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                    resnet: bool = False) -> list[str]:
-    """Does `census_fn` count every leaf module call and the loss by dtype, leaving the model as it was?
+def census_case(seed: int, dtype: str | torch.dtype, device: str = "cpu", resnet: bool = False) -> str:
+    """The key of one census problem in CENSUS_FILE, e.g. "seed=5 dtype=bfloat16 device=cpu"."""
+    model = "resnet18 " if resnet else ""
+    return f"{model}seed={seed} dtype={dtype_name(as_dtype(dtype))} device={device}"
 
-    The model is the seed's small CNN, or ResNet-18 (`resnet=True`) on 32x32 images of the seed's batch.
-    """
-    dtype = as_dtype(dtype)
+
+def census_inputs(seed: int, device: str = "cpu", resnet: bool = False
+                  ) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+    """(model, images, labels, description) of one census problem: the seed's small CNN and its first
+    batch, or ResNet-18 (`resnet=True`) on that batch resized to 32x32. The model is in train mode."""
     problem = Problem.draw(seed, device)
     images, labels = problem.batch(0)
-    if resnet:
-        import torchvision
+    if not resnet:
+        return problem.model(), images, labels, problem.describe()
+    import torchvision
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = torchvision.models.resnet18(weights=None, num_classes=problem.classes).to(device)
-        images = nn.functional.interpolate(images, size=(32, 32))
-        where = f"ResNet-18 on {problem.batch_size} images of 32x32, dtype {dtype_name(dtype)}"
-    else:
-        model = problem.model()
-        where = f"{problem.describe()}, dtype {dtype_name(dtype)}"
-    expected = _expected_census(model, images, labels, dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torchvision.models.resnet18(weights=None, num_classes=problem.classes).to(device)
+    images = nn.functional.interpolate(images, size=(32, 32))
+    return model.train(), images, labels, f"ResNet-18 on {problem.batch_size} images of 32x32"
+
+
+def stored_census(case: str, path: str | Path | None = None) -> dict[str, dict[str, int]]:
+    """The expected census of `case` (a `census_case` key) stored in CENSUS_FILE (or `path`)."""
+    path = Path(path) if path is not None else CENSUS_FILE
+    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
+    if case not in cases:
+        raise ValueError(f"no stored census for {case!r}; {path.name} holds {', '.join(map(repr, sorted(cases)))}. "
+                         "Other problems need their expected census passed as expected= (the hidden checks "
+                         "pass their own)")
+    return {str(name): {str(d): int(n) for d, n in inner.items()} for name, inner in cases[case].items()}
+
+
+@_one_thread
+def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                    resnet: bool = False, expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
+    """Does `census_fn` count every leaf module call and the loss by dtype, leaving the model as it was?
+
+    The model is the seed's small CNN, or ResNet-18 (`resnet=True`) on 32x32 images of the seed's batch
+    (`census_inputs`). The census is compared with `expected`, by default the one stored for this
+    problem in CENSUS_FILE (`stored_census`; a ValueError names the stored problems when it has none).
+    """
+    dtype = as_dtype(dtype)
+    if expected is None:
+        expected = stored_census(census_case(seed, dtype, device, resnet))
+    expected = {str(name): {str(d): int(n) for d, n in inner.items() if int(n)} for name, inner in expected.items()}
+    model, images, labels, where = census_inputs(seed, device, resnet)
+    where = f"{where}, dtype {dtype_name(dtype)}"
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train()
     with warnings.catch_warnings():
@@ -802,7 +795,7 @@ class _OpCensus(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        tensor = _first_tensor(out)
+        tensor = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
         if name not in CENSUS_SKIP_OPS and tensor is not None and tensor.is_floating_point():
             self.counts[name][dtype_name(tensor.dtype)] += 1
         return out
@@ -956,8 +949,6 @@ def matmul_shapes(n: int, dtypes: Sequence[str] = ("fp32", "bf16"), device: str 
 # The graded re-measurement
 
 
-
-
 def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure `config` against the FP32 baseline in a fresh interpreter, held to this machine's bar.
 
@@ -989,51 +980,8 @@ def report(verdict: Any, expectation: Any) -> dict[str, Any]:
                           hardware_class=expectation.hardware_class, reason=verdict.reason)
 
 
-def iter_devices() -> Iterator[str]:
-    """The devices the hidden tests check the step on: the CPU always, and CUDA where there is one."""
-    yield "cpu"
-    if torch.cuda.is_available():
-        yield "cuda"
-
-
 # ---------------------------------------------------------------------------------------------
-# The hidden tests: several random problems per call, failing with the first problem in words
-
-
-def _problems_for(seed: int, count: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(2**31) for _ in range(count)]
-
-
-def check_amp_step(step: StepFn, seed: int, *, problems: int = 3) -> None:
-    """Random problems: losses within tolerance of FP32 at every precision, never NaN, convolutions and
-    linear layers computing in the low dtype, no gradient left behind; on CUDA too where there is one."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                found = parity_problems(step, s, dtype, device=device) or low_precision_problems(step, s, dtype,
-                                                                                                 device=device)
-                assert not found, found[0]
-
-
-def check_scaler(step: StepFn, seed: int, *, problems: int = 2) -> None:
-    """Random problems: fp16 with a GradScaler scales, unscales, skips overflowing steps, updates the scale."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            found = scaler_problems(step, s, device=device)
-            assert not found, found[0]
-
-
-def check_census(census_fn: Callable[..., Any], seed: int, *, problems: int = 3) -> None:
-    """Random small CNNs at every precision and ResNet-18 in the low precisions, on every device checked."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                found = census_problems(census_fn, s, dtype, device=device)
-                assert not found, found[0]
-        for dtype in (torch.bfloat16, torch.float16):
-            found = census_problems(census_fn, seed, dtype, device=device, resnet=True)
-            assert not found, found[0]
+# The visible AMP_CONFIG check (the hidden tests' checks live in perflab/labs/hidden/lab03.py)
 
 
 def check_config(config: Any, mode: str | None = None) -> None:

@@ -138,7 +138,8 @@ print("visible tests passed:", {k: round(v, 6) for k, v in result.items() if k !
 # %% nbgrader={"grade": true, "grade_id": "time_callable_hidden", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random warm-ups, repeats and durations on the fake device, and bad arguments.
 ### BEGIN HIDDEN TESTS
-lab01.check_time_callable(time_callable, seed=101)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_time_callable(time_callable, seed=101)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -287,15 +288,17 @@ print("visible tests passed")
 # Hidden tests: random convolutions (strides, padding, dilation, groups, bias) and linear layers,
 # each compared with what FlopCounterMode counts; parameter counts against the real tensors.
 ### BEGIN HIDDEN TESTS
-lab01.check_conv2d_flops(conv2d_flops, seed=202)
-lab01.check_linear_flops(linear_flops, seed=202)
-lab01.check_param_counts(conv2d_params, linear_params, seed=202)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_conv2d_flops(conv2d_flops, seed=202)
+hidden01.check_linear_flops(linear_flops, seed=202)
+hidden01.check_param_counts(conv2d_params, linear_params, seed=202)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "counting_hidden_model", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: ResNet-18 with a random number of classes at a random input size, and a small CNN.
 ### BEGIN HIDDEN TESTS
-lab01.check_model_flops(model_forward_flops, seed=203)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_model_flops(model_forward_flops, seed=203)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -403,7 +406,8 @@ print("visible tests passed:", budget)
 # Hidden tests: random CNNs with BatchNorm and frozen layers, SGD, SGD with momentum and Adam,
 # against perflab.memory's measurement (the optimizer state from a real step).
 ### BEGIN HIDDEN TESTS
-lab01.check_memory_budget(training_memory_budget, seed=303)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_memory_budget(training_memory_budget, seed=303)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -478,7 +482,8 @@ print("visible tests passed")
 # %% nbgrader={"grade": true, "grade_id": "top_by_cumulative_hidden", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: a random call tree; rows, numbers and order against pstats.
 ### BEGIN HIDDEN TESTS
-lab01.check_top_by_cumulative(top_by_cumulative, seed=404)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_top_by_cumulative(top_by_cumulative, seed=404)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -563,7 +568,8 @@ print(f"slowest line: {source[slowest.lineno - first].strip()!r}: {slowest.share
 # %% nbgrader={"grade": true, "grade_id": "slowest_line_hidden", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: a function with one planted slow line, profiled by line_profiler.
 ### BEGIN HIDDEN TESTS
-lab01.check_slowest_line(slowest_line, seed=505)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_slowest_line(slowest_line, seed=505)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -643,7 +649,8 @@ print(f"the leak allocates at line {lineno}: {leak_source[lineno - leak_first].s
 # %% nbgrader={"grade": true, "grade_id": "find_leak_hidden", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: functions you have not seen, each keeping what one of its lines allocates.
 ### BEGIN HIDDEN TESTS
-lab01.check_find_leak(find_leak, seed=606)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_find_leak(find_leak, seed=606)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "preprocess_fixed_check", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -765,7 +772,8 @@ print("visible tests passed; label events in the trace:", label_counts)
 # %% nbgrader={"grade": true, "grade_id": "profile_training_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: your profile_training on the grading machine with a random number of active steps.
 ### BEGIN HIDDEN TESTS
-lab01.check_profile_training(profile_training, lab01.lab_config(), seed=707)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_profile_training(profile_training, lab01.lab_config(), seed=707)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -851,8 +859,9 @@ print("visible tests passed")
 # %% nbgrader={"grade": true, "grade_id": "roofline_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random convolutions at 2 and 4 bytes per element; random layers on random devices.
 ### BEGIN HIDDEN TESTS
-lab01.check_conv2d_bytes(conv2d_bytes, seed=808)
-lab01.check_roofline_verdict(roofline_verdict, seed=808)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_conv2d_bytes(conv2d_bytes, seed=808)
+hidden01.check_roofline_verdict(roofline_verdict, seed=808)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -942,14 +951,16 @@ print("visible tests passed")
 # %% nbgrader={"grade": true, "grade_id": "bottleneck_rule_hidden", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random phase times and layers, away from the thresholds.
 ### BEGIN HIDDEN TESTS
-lab01.check_bottleneck_rule(bottleneck_verdict, seed=909)
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_bottleneck_rule(bottleneck_verdict, seed=909)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "bottleneck_here", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: the autograder measures this lab's training step on the grading machine and checks your
 # verdict on its numbers against its own.
 ### BEGIN HIDDEN TESTS
-lab01.check_bottleneck_here(bottleneck_verdict, lab01.lab_config())
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check_bottleneck_here(bottleneck_verdict, lab01.lab_config())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -128,7 +128,8 @@ print("make_loader: every sample exactly once per epoch, ragged last batch kept"
 # %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random data set sizes, batch sizes (a ragged last batch) and worker counts, and the options.
 ### BEGIN HIDDEN TESTS
-lab02.check_make_loader(make_loader, seed=202)
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check_make_loader(make_loader, seed=202)
 ### END HIDDEN TESTS
 print("make_loader: randomised sizes, batches and worker counts")
 
@@ -137,7 +138,8 @@ print("make_loader: randomised sizes, batches and worker counts")
 problems = lab02.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
-lab02.check_loader_order(make_loader, seed=303)
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check_loader_order(make_loader, seed=303)
 ### END HIDDEN TESTS
 print("make_loader: same shuffled order for every loader setting")
 
@@ -206,7 +208,8 @@ print(result.describe())
 # %% nbgrader={"grade": true, "grade_id": "test_measure_data_wait_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random scripted loaders on a fake clock, the errors, and the real wall clock.
 ### BEGIN HIDDEN TESTS
-lab02.check_measure_data_wait(measure_data_wait, seed=404)
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check_measure_data_wait(measure_data_wait, seed=404)
 ### END HIDDEN TESTS
 print("measure_data_wait: exact against a scripted clock")
 
@@ -341,7 +344,8 @@ assert pick_workers({0: 100.0, 1: 180.0, 2: 200.0, 4: 205.0}) == 2
 assert pick_workers({0: 100.0, 1: 99.0, 2: 60.0}) == 0
 assert pick_workers({4: 50.0, 2: 50.0}) == 2
 ### BEGIN HIDDEN TESTS
-lab02.check_pick_workers(pick_workers, seed=505)
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check_pick_workers(pick_workers, seed=505)
 ### END HIDDEN TESTS
 print("pick_workers: visible tests passed")
 

@@ -182,8 +182,9 @@ print("amp_train_step: losses follow FP32 at every precision; convolutions compu
 # Hidden tests: random problems (shapes, widths on and off multiples of 8, seeds) at every precision,
 # on every device this machine has.
 ### BEGIN HIDDEN TESTS
-lab03.check_amp_step(amp_train_step, seed=3031)
-lab03.check_amp_step(amp_train_step, seed=lab03.draw_seed(), problems=1)
+from perflab.labs.hidden import lab03 as hidden03
+hidden03.check_amp_step(amp_train_step, seed=3031)
+hidden03.check_amp_step(amp_train_step, seed=hidden03.draw_seed(), problems=1)
 ### END HIDDEN TESTS
 print("amp_train_step: random problems pass")
 
@@ -193,7 +194,8 @@ print("amp_train_step: random problems pass")
 problems = lab03.scaler_problems(amp_train_step, 11)
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
-lab03.check_scaler(amp_train_step, seed=3032)
+from perflab.labs.hidden import lab03 as hidden03
+hidden03.check_scaler(amp_train_step, seed=3032)
 ### END HIDDEN TESTS
 print("amp_train_step: the GradScaler scales, unscales, skips overflowing steps and adapts its scale")
 
@@ -267,7 +269,8 @@ print("dtype_census: every leaf module call and the loss counted; hooks removed,
 # %% nbgrader={"grade": true, "grade_id": "test_census_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random networks (extra pooling, GELU, dropout layers), every precision, and ResNet-18.
 ### BEGIN HIDDEN TESTS
-lab03.check_census(dtype_census, seed=3033)
+from perflab.labs.hidden import lab03 as hidden03
+hidden03.check_census(dtype_census, seed=3033)
 ### END HIDDEN TESTS
 print("dtype_census: random networks and ResNet-18 pass")
 

@@ -233,7 +233,8 @@ print("visible tests passed")
 # Hidden tests: ResNet-18 with random stages, classes and input sizes, and a small CNN whose first
 # stage takes the raw input; outputs, gradients, and saved bytes against the reference's saving.
 ### BEGIN HIDDEN TESTS
-lab04.check_checkpoint_stages(checkpoint_stages, seed=401)
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check_checkpoint_stages(checkpoint_stages, seed=401)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "checkpoint_batchnorm", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -243,7 +244,8 @@ for (name, b), c in zip(plain_v.named_buffers(), ckpt_v.buffers(), strict=True):
         f"{name}: {'counted twice' if 'num_batches' in name else 'updated again by the recomputed forward'}"
 print("BatchNorm statistics match the plain model's")
 ### BEGIN HIDDEN TESTS
-lab04.check_checkpoint_bn(checkpoint_stages, seed=402)
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check_checkpoint_bn(checkpoint_stages, seed=402)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -382,13 +384,15 @@ print("visible tests passed; probes for the answer 37:", probes[:lab04.max_calls
 # Hidden tests: random straight lines, allocator steps and plateaus, budgets below, between, on and
 # above the values; the probes you make; bad arguments.
 ### BEGIN HIDDEN TESTS
-lab04.check_largest_batch(largest_batch, seed=501)
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check_largest_batch(largest_batch, seed=501)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "largest_batch_model", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: hidden budgets on the reference's memory model of ResNet-18, plain and checkpointed.
 ### BEGIN HIDDEN TESTS
-lab04.check_largest_batch_model(largest_batch, seed=502)
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check_largest_batch_model(largest_batch, seed=502)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -505,7 +509,8 @@ print("visible tests passed")
 # and micro-batch sizes (uneven last micro-batch, one sample, the whole batch, more than the batch),
 # stale gradients, the micro-batches the model actually saw, the mode kept, bad arguments.
 ### BEGIN HIDDEN TESTS
-lab04.check_accumulate_gradients(accumulate_gradients, seed=601)
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check_accumulate_gradients(accumulate_gradients, seed=601)
 ### END HIDDEN TESTS
 
 # %% [markdown]

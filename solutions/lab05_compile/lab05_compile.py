@@ -170,7 +170,8 @@ for line, reason in found:
 # %% nbgrader={"grade": true, "grade_id": "test_graph_breaks_hidden", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: functions you have not seen (one break, two, none, prints), on random shapes.
 ### BEGIN HIDDEN TESTS
-lab05.check_graph_breaks(graph_breaks, seed=505)
+from perflab.labs.hidden import lab05 as hidden05
+hidden05.check_graph_breaks(graph_breaks, seed=505)
 ### END HIDDEN TESTS
 print("graph_breaks: the lines dynamo broke at")
 
@@ -232,7 +233,8 @@ print("FixedBlock: zero graph breaks, BrokenBlock's outputs on both branches")
 # %% nbgrader={"grade": true, "grade_id": "test_fixed_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random widths, batches and scales, both branches; explain must find zero breaks.
 ### BEGIN HIDDEN TESTS
-lab05.check_fixed_block(FixedBlock, seed=5050)
+from perflab.labs.hidden import lab05 as hidden05
+hidden05.check_fixed_block(FixedBlock, seed=5050)
 ### END HIDDEN TESTS
 print("FixedBlock: zero graph breaks on random inputs")
 
@@ -306,7 +308,8 @@ print(result.describe())
 # Hidden tests: random scripted costs and step counts, bad arguments, and a reset before building
 # (an already-compiled function measured twice must be compiled twice).
 ### BEGIN HIDDEN TESTS
-lab05.check_measure_compile(measure_compile, seed=55)
+from perflab.labs.hidden import lab05 as hidden05
+hidden05.check_measure_compile(measure_compile, seed=55)
 ### END HIDDEN TESTS
 print("measure_compile: exact against a scripted clock, resets dynamo")
 
@@ -481,7 +484,8 @@ print("break_even_steps: visible cases pass")
 # %% nbgrader={"grade": true, "grade_id": "test_break_even_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random measurements (about a quarter without any saving), the edges, bad arguments.
 ### BEGIN HIDDEN TESTS
-lab05.check_break_even(break_even_steps, seed=5)
+from perflab.labs.hidden import lab05 as hidden05
+hidden05.check_break_even(break_even_steps, seed=5)
 ### END HIDDEN TESTS
 print("break_even_steps: random measurements")
 
@@ -613,7 +617,8 @@ print(f"one graph over two epochs of {len(steps) // 2} steps (batch sizes {sorte
 # Hidden tests: random data set and batch sizes (a ragged tail of at least 2), shuffled epochs,
 # no repeated samples, outputs equal to the model's, one graph over two epochs.
 ### BEGIN HIDDEN TESTS
-lab05.check_no_recompile(no_recompile_setup, seed=5005)
+from perflab.labs.hidden import lab05 as hidden05
+hidden05.check_no_recompile(no_recompile_setup, seed=5005)
 ### END HIDDEN TESTS
 print("no_recompile_setup: one graph over ragged epochs")
 

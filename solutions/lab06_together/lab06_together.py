@@ -248,7 +248,8 @@ print("cumulative_speedups:", [(r["name"], round(r["speedup"], 3)) for r in rows
 # %% nbgrader={"grade": true, "grade_id": "test_cumulative_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random ablations (other quantiles and seeds too) and the bad inputs.
 ### BEGIN HIDDEN TESTS
-lab06.check_cumulative_speedups(cumulative_speedups, seed=606)
+from perflab.labs.hidden import lab06 as hidden06
+hidden06.check_cumulative_speedups(cumulative_speedups, seed=606)
 ### END HIDDEN TESTS
 print("cumulative_speedups: randomised ablations")
 
@@ -295,7 +296,8 @@ assert [round(r["step"], 12) for r in table] == [2.0, 2.0] and [round(r["share"]
 lost = ablation_table([{"name": "a", "speedup": 1.5}, {"name": "b", "speedup": 1.0}])
 assert lost[1]["share"] is None and abs(lost[1]["step"] - 2 / 3) < 1e-12, lost
 ### BEGIN HIDDEN TESTS
-lab06.check_ablation_table(ablation_table, seed=607)
+from perflab.labs.hidden import lab06 as hidden06
+hidden06.check_ablation_table(ablation_table, seed=607)
 ### END HIDDEN TESTS
 print("ablation_table: steps and shares")
 
