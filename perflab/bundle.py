@@ -9,7 +9,8 @@ One zip that a student unpacks and installs (`pip install -e .`), holding:
     README.md                 how to open a lab, run its checks, validate and hand it in
 
 and never solutions/, autograder/ (course folder, gradebook, expectations), tests/, built data,
-results files or caches. Before writing, every file is scanned for nbgrader's solution and
+results files, caches, or the grader-only `perflab/labs/hidden/` (the hidden checks and the reference
+answers they compare against). Before writing, every file is scanned for nbgrader's solution and
 hidden-test markers (`LEAK_MARKERS`); one hit stops the bundle with the file's name.
 """
 
@@ -42,6 +43,8 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
 )
 # Path parts never shipped: caches, checkpoints, and what a lab run writes beside its notebook.
 SKIP_PARTS = frozenset({"__pycache__", ".ipynb_checkpoints", "results", "build", ".pytest_cache"})
+# Folders of the package that only the grader needs: the hidden checks and their reference answers.
+GRADER_ONLY = ("perflab/labs/hidden",)
 
 STUDENT_README = """\
 # perflab: the student kit
@@ -93,6 +96,7 @@ def files(repo: Path = REPO) -> Iterator[tuple[Path, str]]:
             rel = item.relative_to(repo)
             if (not item.is_file() or item.is_symlink() or SKIP_PARTS & set(rel.parts[:-1])
                     or any(p.startswith(".") for p in rel.parts)
+                    or any(rel.as_posix().startswith(folder + "/") for folder in GRADER_ONLY)
                     or (suffixes is not None and item.suffix not in suffixes)):
                 continue
             yield item, f"{ROOT_NAME}/{rel.as_posix()}"

@@ -4,6 +4,7 @@ no solution, no hidden test, no model answer, no instructor folder."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -111,9 +112,25 @@ def test_student_notebooks_carry_no_solution_line(shipped):
             assert leaked == [], f"{name} carries solution lines: {leaked[:5]}"
 
 
+def public_lines(shipped: dict[str, bytes]) -> set[str]:
+    """Lines a student copy itself gives: its code lines, and its prose's lines and `inline code`
+    (lab 3's instructions spell out `loss.backward()`, `optimizer.step()`, ...)."""
+    out: set[str] = set()
+    for name, data in shipped.items():
+        if not name.endswith(".ipynb"):
+            continue
+        for cell in json.loads(data.decode("utf-8"))["cells"]:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            out |= {line.strip() for line in source.splitlines()}
+            if cell["cell_type"] == "markdown":
+                out |= {span.strip() for span in re.findall(r"`([^`\n]+)`", source)}
+    return out
+
+
 def copied_answers(shipped: dict[str, bytes]) -> list[str]:
     """'file: lab/grade_id' where COPY_RUN consecutive lines of one answer appear in a shipped file
-    in the same order (one line alone may be ordinary code that perflab also holds)."""
+    in the same order (one line alone may be ordinary code that perflab also holds), unless every
+    line of the run is one the student copies themselves give."""
     blocks = []
     for notebook in sorted(SOLUTIONS.glob("*/*.ipynb")):
         for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
@@ -121,13 +138,15 @@ def copied_answers(shipped: dict[str, bytes]) -> list[str]:
             lines = [line for line in _blocks(source) if line and not line.startswith("#")]
             gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             blocks.append((f"{notebook.parent.name}/{gid}", lines))
+    public = public_lines(shipped)
     found = []
     for name, data in shipped.items():
         body = "\n".join(line.strip() for line in _text(name, data).splitlines() if line.strip())
         for where, lines in blocks:
             for i in range(len(lines) - COPY_RUN + 1):
                 run = lines[i:i + COPY_RUN]
-                if sum(map(len, run)) >= MIN_SECRET_LINE * 2 and "\n".join(run) in body:
+                if (sum(map(len, run)) >= MIN_SECRET_LINE * 2 and not set(run) <= public
+                        and "\n".join(run) in body):
                     found.append(f"{name}: {where}")
                     break
     return found
@@ -137,14 +156,30 @@ def test_student_notebooks_carry_no_copied_answer(shipped):
     assert [f for f in copied_answers(shipped) if f.split(":")[0].endswith(".ipynb")] == []
 
 
-# The contract modules perflab/labs/labNN.py ship (the visible tests call their checks), and some
-# hold the grader's reference implementation of an answer, line for line: a student who opens the
-# module reads the answer. Until those references move to a module the bundle leaves out, this
-# test fails (strict: it turns red once they move, so the mark comes off).
-@pytest.mark.xfail(strict=True, reason="perflab/labs/lab03.py, lab04.py, lab05.py hold reference answers")
+# The contract modules perflab/labs/labNN.py ship (the visible tests call their checks); the hidden
+# checks and the reference answers they compare against live in perflab/labs/hidden/, left out.
 def test_package_source_carries_no_copied_answer(shipped):
     package = [f for f in copied_answers(shipped) if not f.split(":")[0].endswith(".ipynb")]
     assert package == [], f"answers copied into shipped files: {package}"
+
+
+def test_the_copy_detector_finds_an_answer_pasted_into_the_package(shipped):
+    # The detector itself: lab 4's checkpointing answer pasted into a shipped module is found.
+    hidden = next(notebook for notebook in SOLUTIONS.glob("lab04*/*.ipynb"))
+    cell = next(c for c in json.loads(hidden.read_text(encoding="utf-8"))["cells"]
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "checkpoint_stages")
+    answer = "\n".join(_blocks("".join(cell["source"])))
+    tampered = dict(shipped)
+    tampered[f"{bundle.ROOT_NAME}/perflab/labs/common.py"] += ("\n" + answer).encode()
+    assert any(f.endswith("lab04_memory/checkpoint_stages") for f in copied_answers(tampered))
+
+
+def test_bundle_leaves_the_grader_only_checks_out(shipped):
+    assert (REPO / "perflab" / "labs" / "hidden").is_dir(), "the hidden checks live in perflab/labs/hidden"
+    assert not [n for n in shipped if "/perflab/labs/hidden/" in n]
+    importers = [n for n, data in shipped.items() if n.endswith((".py", ".ipynb"))
+                 and re.search(rb"perflab\.labs\.hidden|from perflab\.labs import hidden|from \.hidden", data)]
+    assert importers == [], f"shipped files import the grader-only package: {importers}"
 
 
 def test_bundle_refuses_a_file_with_a_solution(tmp_path):
@@ -169,7 +204,10 @@ def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     root = tmp_path / bundle.ROOT_NAME
-    code = ("import sys; sys.path.insert(0, '.'); import perflab, perflab.labs.common, perflab.verify, perflab.labs.lab01;"
+    labs = sorted(p.stem for p in (REPO / "perflab" / "labs").glob("lab0*.py"))
+    assert len(labs) == 6
+    imports = ", ".join(f"perflab.labs.{lab}" for lab in labs)
+    code = (f"import sys; sys.path.insert(0, '.'); import perflab, perflab.labs.common, perflab.verify, {imports};"
             "print(perflab.__file__)")
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
