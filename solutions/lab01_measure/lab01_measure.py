@@ -28,9 +28,9 @@
 # | — | written analysis (graded by hand) | three answers | 17 |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
-# `perflab/labs/lab01.py`: its signature, what goes in, what must come out. The tests below (and the
-# hidden ones that run when your notebook is graded, on random inputs) call the `check_*` functions
-# of that module with your functions, so you can read exactly what will be checked.
+# `perflab/labs/lab01.py`: its signature, what goes in, what must come out. The visible tests below
+# call that module's checks with your functions, so you can read what they check; the hidden ones,
+# which run when your notebook is graded, hold your functions to the same contract on random inputs.
 #
 # **Modes.** The notebook sizes its work by `perflab.env.run_mode()`: `laptop` on a CPU or Apple GPU
 # (small data, 64-pixel images; the whole lab runs in a few minutes on 2 cores), `full` on an NVIDIA

@@ -31,9 +31,9 @@
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
 # `perflab/labs/lab04.py`: its signature, what goes in, what must come out, and the memory model the
-# budget search is graded against. The tests below (and the hidden ones that run when your notebook is
-# graded, on random models, shapes and budgets) call the `check_*` functions of that module with your
-# functions.
+# budget search is graded against. The visible tests below check your functions on a few cases; the
+# hidden ones, which run when your notebook is graded, hold them to the same contract on random
+# models, shapes and budgets.
 #
 # **Modes.** The notebook sizes its work by `perflab.env.run_mode()`: `laptop` on a CPU or Apple GPU
 # (64-pixel images, a few minutes on 2 cores), `full` on an NVIDIA GPU (224 pixels, and the CUDA
