@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Callable, Mapping, Sequence
-from typing import ParamSpec
+from typing import Any, ParamSpec
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -46,6 +46,9 @@ _STYLE = {
     "legend.frameon": False,
     "savefig.bbox": "tight",
 }
+
+# A legend beside the axes, where it hides no point or bar (the tight bounding box keeps it).
+OUTSIDE_RIGHT: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
 
 # Where a verdict is shown as a marker: a shape as well as a colour.
 VERDICT_STYLE = {
@@ -124,7 +127,7 @@ def waterfall(steps: Sequence[Step]) -> Figure:
     ax.set_title("Cumulative speedup, each change added in turn (bars: 95% CI)")
     ax.legend(handles=[Patch(facecolor=GOOD, edgecolor="black", label="gain"),
                        Patch(facecolor=BAD, edgecolor="black", hatch="//", label="loss")],
-              loc="upper left")
+              **OUTSIDE_RIGHT)
     return fig
 
 
@@ -144,7 +147,7 @@ def speedup_bars(rows: Sequence[tuple[str, float, tuple[float, float] | None, st
     ax.invert_yaxis()
     ax.set_xlabel("speedup against its own baseline (×)")
     ax.set_title("Each optimisation on its own (95% CI; marker: verification verdict)")
-    ax.legend(handles=_verdict_handles(), loc="lower right", fontsize=8)
+    ax.legend(handles=_verdict_handles(), fontsize=8, **OUTSIDE_RIGHT)
     return fig
 
 
@@ -307,7 +310,7 @@ def class_speedups(labs: Sequence[str], points: Sequence[tuple[str, float, str]]
     ax.set_xticks(range(len(labs)), labs, rotation=15)
     ax.set_ylabel("re-measured speedup (×)")
     ax.set_title(title)
-    ax.legend(handles=_verdict_handles(), loc="upper right", fontsize=8)
+    ax.legend(handles=_verdict_handles(), fontsize=8, **OUTSIDE_RIGHT)
     return fig
 
 
@@ -327,5 +330,5 @@ def class_scores(labs: Sequence[str], fractions: Mapping[str, Sequence[float]]) 
     ax.set_xlabel("score (% of the lab's points)")
     ax.set_ylabel("submissions")
     ax.set_title("Score distribution (stacked by lab)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(fontsize=8, **OUTSIDE_RIGHT)
     return fig
