@@ -42,6 +42,7 @@ from perflab.grading import nbgrader_api as nbapi
 from perflab.grading import sandbox
 from perflab.grading.checks import grade_id
 from perflab.grading.state import CellResult, Record, State, lock, sha256
+from perflab.verify import guard
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +308,16 @@ def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Se
     return env
 
 
+MANIFEST_NAME = "perflab-hashes.json"
+
+
+def write_hash_manifest(path: Path) -> Path:
+    """perflab's file hashes now, in a file only this user may change (readable by the sandbox)."""
+    guard.write_manifest(path)
+    os.chmod(path, 0o644)
+    return path
+
+
 def sandbox_base() -> Path:
     """Where this machine's sandboxes get their work folders (searchable, not listable, by others)."""
     base = Path(tempfile.gettempdir()) / "perflab-sandbox"
@@ -335,11 +346,19 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
               gpu: int | None = None) -> dict[str, Any]:
     """Grade one submission in a sandbox and return the worker's result (always a result)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"{job.lab}-", dir=sandbox_base()))
+    manifest = write_hash_manifest(workdir.with_name(workdir.name + ".hashes.json"))
     try:
         env = prepare_job(job, info, tmpl, workdir, settings)
         binds = {}
+        isolated = sandbox.isolation().kind != "none"
+        # perflab's file hashes, recorded before the student's code runs and out of its reach (the
+        # sandbox user may read the file, not replace it): verify checks the package against these
+        # rather than against whatever the files held when the notebook first imported perflab.
+        if isolated:
+            binds[str(manifest)] = MANIFEST_NAME
+        env[guard.MANIFEST_ENV] = str(workdir / MANIFEST_NAME if isolated else manifest)
         if timing_lock is not None:
-            if sandbox.isolation().kind == "none":
+            if not isolated:
                 env["PERFLAB_TIMING_LOCK"] = str(timing_lock)
             else:
                 binds[str(timing_lock)] = "timing.lock"
@@ -356,6 +375,7 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         return interpret(run, job, info)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        manifest.unlink(missing_ok=True)
 
 
 def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any]:
