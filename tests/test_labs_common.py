@@ -215,3 +215,18 @@ def test_make_lab_runs_the_notebook_beside_a_copy_of_itself(tmp_path) -> None:
     nb, seconds = build.run_notebook(source, workdir=tmp_path / "work")
     assert nb.cells[0].outputs[0]["text"] == "1 cell\n" and seconds > 0
     assert (tmp_path / "work" / "selfread.ipynb").is_file()
+
+
+def test_report_records_an_error_as_a_fail_against_its_expectation() -> None:
+    from types import SimpleNamespace
+
+    from perflab.verify import load_expectation
+
+    expectation = load_expectation("amp_bf16")
+    verdict = SimpleNamespace(outcome="error", speedup=None, ci=None, claim=2.0, reason="the child crashed")
+    record = common.report(verdict, expectation)
+    assert record == {"name": "amp_bf16", "verdict": "fail", "speedup": None, "ci": None, "claimed": 2.0,
+                      "hardware_class": expectation.hardware_class, "reason": "the child crashed"}
+    passed = SimpleNamespace(outcome="pass", speedup=1.3, ci=(1.2, 1.4), claim=None, reason="")
+    assert common.report(passed, expectation)["verdict"] == "pass"
+    assert common.report(passed, expectation)["ci"] == [1.2, 1.4]

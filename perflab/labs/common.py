@@ -158,3 +158,47 @@ def inconclusive_policy() -> str:
 def accepted(outcome: str) -> bool:
     """Whether a verification outcome earns the cell's points under the instructor's policy."""
     return outcome == "pass" or (outcome == "inconclusive" and inconclusive_policy() == "credit")
+
+
+class FakeClock:
+    """A clock that only moves when told to: measurements against it are exact."""
+
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, claim: float | None = None,
+                       max_pairs: int | None = None, max_seconds: float | None = None) -> tuple[Any, Any]:
+    """Re-measure `candidate` against `baseline` in a fresh interpreter (`perflab.verify.verify`),
+    held to the bar calibrated for this hardware under `expectation_name`, inside the grading
+    machine's timing lock. `max_pairs` caps the protocol's pairs (None: its own budget; the tiny
+    mode's cap), `max_seconds` the timed seconds with it (default 30).
+
+    Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
+    """
+    from perflab.grading.timelock import timed_section
+    from perflab.verify import Budget, load_expectation, verify
+
+    expectation = load_expectation(expectation_name)
+    budget = None
+    if max_pairs is not None:
+        budget = Budget(max_pairs=max_pairs, max_timed_seconds=max_seconds or 30.0)
+    with timed_section():
+        verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget)
+    return verdict, expectation
+
+
+def report(verdict: Any, expectation: Any) -> dict[str, Any]:
+    """Show a verdict's record to the autograder (and the student) and return it; an error counts as
+    a fail."""
+    from perflab.grading.timelock import report_verdict
+
+    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
+    return report_verdict(expectation.name, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
+                          hardware_class=expectation.hardware_class, reason=verdict.reason)

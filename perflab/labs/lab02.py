@@ -50,8 +50,11 @@ from perflab import env
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
+    FakeClock,
     accepted,
     inconclusive_policy,
+    report,
+    verify_against_bar,
 )
 from perflab.workload import TrainConfig
 
@@ -226,19 +229,6 @@ class IndexData(torch.utils.data.Dataset):
         return torch.tensor([index, index]), index
 
 
-class FakeClock:
-    """A clock that only moves when told to: measurements against it are exact."""
-
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 class ScriptedBatches:
     """An iterable whose `iter()` costs `startup` and whose i-th `next()` costs `delays[i]` on `clock`."""
 
@@ -404,27 +394,9 @@ def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None 
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
-    from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, load_expectation, verify
-
     problems = best_problems(best, mode)
     if problems:
         raise ValueError(problems[0])
     s = sizes(mode)
-    expectation = load_expectation(EXPECTATION)
-    budget = None
-    if s.verify_max_pairs is not None:
-        budget = Budget(max_pairs=s.verify_max_pairs, max_timed_seconds=s.verify_seconds or 30.0)
-    with timed_section():
-        verdict = verify(baseline_config(mode), best, expectation=expectation.threshold, claim=claim,
-                         budget=budget)
-    return verdict, expectation
-
-
-def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show the verdict's record to the autograder (and the student) and return it."""
-    from perflab.grading.timelock import report_verdict
-
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(EXPECTATION, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    return verify_against_bar(baseline_config(mode), best, EXPECTATION, claim=claim,
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)

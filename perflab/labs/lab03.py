@@ -63,6 +63,8 @@ from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_POLICIES,
     accepted,
     inconclusive_policy,
+    report,
+    verify_against_bar,
 )
 from perflab.workload import TrainConfig
 
@@ -954,30 +956,12 @@ def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
-    from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, load_expectation, verify
-
     problems = config_problems(config, mode)
     if problems:
         raise ValueError(problems[0])
     s = sizes(mode)
-    expectation = load_expectation(expectation_name(config.device_type))
-    budget = None
-    if s.verify_max_pairs is not None:
-        budget = Budget(max_pairs=s.verify_max_pairs, max_timed_seconds=s.verify_seconds or 30.0)
-    with timed_section():
-        verdict = verify(baseline_config(mode), config, expectation=expectation.threshold, claim=claim,
-                         budget=budget)
-    return verdict, expectation
-
-
-def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show the verdict's record to the autograder (and the student) and return it."""
-    from perflab.grading.timelock import report_verdict
-
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(expectation.name, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    return verify_against_bar(baseline_config(mode), config, expectation_name(config.device_type), claim=claim,
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -383,18 +383,12 @@ def checkpointed_step(seed: int, config: dict[str, Any], checkpoint_stages: Call
 def verify_checkpoint(candidate: str | Path, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure the exported candidate against the plain baseline in a fresh interpreter, held to the
     bar of this hardware. Returns (verdict, expectation)."""
-    from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, Side, load_expectation, verify
+    from perflab.labs.common import verify_against_bar
+    from perflab.verify import Side
 
     s = sizes(mode)
-    expectation = load_expectation(EXPECTATION)
-    budget = None
-    if s.verify_max_pairs is not None:
-        budget = Budget(max_pairs=s.verify_max_pairs, max_timed_seconds=s.verify_seconds or 30.0)
-    with timed_section():
-        verdict = verify(baseline_config(mode), Side.module(candidate, label="checkpoint_stages"),
-                         expectation=expectation.threshold, claim=claim, budget=budget)
-    return verdict, expectation
+    return verify_against_bar(baseline_config(mode), Side.module(candidate, label="checkpoint_stages"), EXPECTATION,
+                              claim=claim, max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
 
 
 def accepted(outcome: str) -> bool:
@@ -407,8 +401,6 @@ def accepted(outcome: str) -> bool:
 
 def report(verdict: Any, expectation: Any) -> dict[str, Any]:
     """Show the verdict's record to the autograder (and the student) and return it."""
-    from perflab.grading.timelock import report_verdict
+    from perflab.labs.common import report as show
 
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(EXPECTATION, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    return show(verdict, expectation)

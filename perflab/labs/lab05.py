@@ -72,8 +72,11 @@ from perflab import env
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
+    FakeClock,
     accepted,
     inconclusive_policy,
+    report,
+    verify_against_bar,
 )
 from perflab.verify.expectations import GAIN_MIN
 from perflab.workload import COMPILE_MODES, TrainConfig
@@ -423,19 +426,6 @@ def total_seconds(timing: CompileTiming, steps: int) -> float:
 # A scripted clock and build: what the visible measure_compile test runs against
 
 
-class FakeClock:
-    """A clock that only moves when told to: measurements against it are exact."""
-
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 class ScriptedBuild:
     """`build()` costs `build_cost`; the step it returns costs `costs[k]` on call k (0: the compiling call)."""
 
@@ -583,24 +573,7 @@ def verify_choice(choice: str | None, claim: float | None = None, mode: str | No
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     Compilation happens in the verifier's warm-up and is reported apart from the timed blocks.
     """
-    from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, load_expectation, verify
-
     baseline, candidate = sides(choice, mode)
     s = sizes(mode)
-    expectation = load_expectation(expectation_name(mode))
-    budget = None
-    if s.verify_max_pairs is not None:
-        budget = Budget(max_pairs=s.verify_max_pairs, max_timed_seconds=s.verify_seconds or 30.0)
-    with timed_section():
-        verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget)
-    return verdict, expectation
-
-
-def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show the verdict's record to the autograder (and the student) and return it."""
-    from perflab.grading.timelock import report_verdict
-
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(expectation.name, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    return verify_against_bar(baseline, candidate, expectation_name(mode), claim=claim,
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)

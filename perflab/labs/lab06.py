@@ -66,6 +66,8 @@ from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_POLICIES,
     accepted,
     inconclusive_policy,
+    report,
+    verify_against_bar,
 )
 from perflab.workload import AMP_DTYPES, RESNET_STAGES, TrainConfig
 
@@ -727,27 +729,9 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
-    from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, load_expectation, verify
-
     problems = final_problems(final, mode=mode)
     if problems:
         raise ValueError(problems[0])
     s = sizes(mode)
-    expectation = load_expectation(EXPECTATION)
-    budget = None
-    if s.verify_max_pairs is not None:
-        budget = Budget(max_pairs=s.verify_max_pairs, max_timed_seconds=s.verify_seconds or 30.0)
-    with timed_section():
-        verdict = verify(baseline_config(mode), final, expectation=expectation.threshold, claim=claim,
-                         budget=budget)
-    return verdict, expectation
-
-
-def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show the verdict's record to the autograder (and the student) and return it."""
-    from perflab.grading.timelock import report_verdict
-
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(EXPECTATION, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    return verify_against_bar(baseline_config(mode), final, EXPECTATION, claim=claim,
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
