@@ -94,9 +94,8 @@ def test_train_configs(tiny_data):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_honest_precision_and_layout_changes_pass_the_gate_at_grade_sizes(tiny_data, seed):
     """At the sizes the autograder runs (grade mode), bf16 autocast with channels_last, the change
-    that moves the losses most, passes the correctness gate: the workload is large enough that
-    rounding does not grow past the gate's tolerance within its steps. (At 32 px and batch 8 the
-    trajectory is chaotic: bf16 + channels_last drifted 42% from fp32 by step 3 with seed 0.)"""
+    that moves the losses most, passes the correctness gate. (Its losses drift from fp32's after the
+    first update, 42% by step 3 with seed 0: a configuration is compared on its first step only.)"""
     from perflab import env
 
     s = env.mode_sizes("grade")
@@ -107,3 +106,5 @@ def test_honest_precision_and_layout_changes_pass_the_gate_at_grade_sizes(tiny_d
     assert v.outcome != "error" and v.code != "loss_mismatch", v.describe()
     gate = v.details["gate"]
     assert len(gate["candidate_losses"]) == len(gate["baseline_losses"]) >= 3
+    first = abs(gate["candidate_losses"][0] - gate["baseline_losses"][0])
+    assert first <= gate["atol"] + gate["rtol"] * abs(gate["baseline_losses"][0]), "the first step is still compared"

@@ -30,7 +30,11 @@ LOSS_TOLERANCE = {"fp32": (5e-3, 1e-4), "tf32": (1e-2, 1e-4), "fp16": (2e-2, 1e-
 _PRECISION_ORDER = ("fp32", "tf32", "fp16", "bf16")
 # Later gate steps follow the updates, and SGD on a small batch amplifies rounding: measured for
 # ResNet-18 at batch 8, lr 0.05, fp32 channels_last differs by up to 8% and bf16 by up to 18% within
-# four steps. Beyond this the candidate computes something else (a skipped update, other data).
+# four steps. Beyond this student code computes something else (a skipped update, other data).
+# Configurations are held to the first step only: at the autograder's sizes (32 px, batch 8, lr
+# 0.002, 8 seeds) bf16 with channels_last drifted up to 42% from fp32 by step 3, fp32 channels_last
+# 9% by step 4, while skipping every update moved the losses by as little as 0.8%: past the first
+# step the trajectory told an honest change from a wrong one no better than chance.
 LOSS_TRAJECTORY_RTOL = 0.3
 # Exactly repeated losses (bit for bit) where the reference's differ: outputs cached across steps.
 MAX_REPEATED_LOSSES = 1
@@ -304,7 +308,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     out["gate"] = {"steps": GATE_STEPS, "dtype": dtype, "rtol": rtol, "atol": atol,
                    "baseline_losses": list(a.losses), "candidate_losses": list(b.losses),
                    "baseline_step_seconds": list(a.step_seconds), "candidate_step_seconds": list(b.step_seconds)}
-    problems.extend(_compare_outputs(a, b, 0, GATE_STEPS, rtol, atol, "correctness check"))
+    # Student code is held to the loss trajectory of every gate step. A configuration runs perflab's
+    # own step with other knobs, so only its first loss (the same model on the same samples) is
+    # compared: past it the losses follow the updates, and on a small workload SGD turns rounding into
+    # chaos (see LOSS_TRAJECTORY_RTOL), which would fail an honest precision or layout change.
+    compared = GATE_STEPS if cand_side.is_student_code else 1
+    problems.extend(_compare_outputs(a, b, 0, compared, rtol, atol, "correctness check"))
+    problems.extend(_compare_outputs(a, b, compared, GATE_STEPS, None, atol, "correctness check"))
     problems.extend(_cached(a, b, GATE_STEPS))
     if problems or tampering("during the warm-up steps"):
         return out
