@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import labs_helpers as H
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from perflab.grading import judging
+from perflab.grading.probing import run_probes
 from perflab.labs import lab01
 from perflab.labs.hidden import lab01 as hidden01
 
@@ -55,7 +58,114 @@ def test_results_and_trace_written(tiny_data) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The checks fail wrong answers (so a pass means something)
+# The grading contract: a probe per autograded cell returns raw outputs, a grader-side judge decides
+
+SOLUTION_CELLS = ("time_callable", "counting", "memory_budget", "top_by_cumulative", "slowest_line", "find_leak",
+                  "profile_training", "roofline", "bottleneck_verdict")
+PREAMBLE = """
+import cProfile, inspect, io, math, pstats, time, tracemalloc
+import numpy as np
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, record_function
+from perflab import counting, dataset, env, memory, phases, roofline, timing, workload
+from perflab.labs import common, lab01
+from perflab.labs.lab01 import FakeDevice, FunctionRow, LineTiming
+"""
+# Cells whose judge needs more than a pure function: a training run (the profiler), the grader's own
+# measurement, or files the notebook writes.
+HEAVY = {"profile_training_hidden", "profile_training_visible", "bottleneck_here"}
+
+
+@pytest.fixture(scope="module")
+def solution() -> dict[str, Any]:
+    """The reference answers: the solution notebook's answer cells, run here."""
+    namespace: dict[str, Any] = {}
+    exec(PREAMBLE, namespace)
+    for cell in H.source_cells(LAB):
+        if H.nbgrader_meta(cell).get("grade_id") in SOLUTION_CELLS:
+            exec(compile(cell.source, f"<{LAB} solution>", "exec"), namespace)
+    return namespace
+
+
+def _mark(grade_id: str, namespace: dict[str, Any], seed: int = 11, judge_seed: int | None = None) -> judging.Mark:
+    observations = run_probes({grade_id: lab01.PROBES[grade_id]}, namespace, seed)
+    ctx = judging.Context(LAB, seed if judge_seed is None else judge_seed, "tiny", observations)
+    return judging.judge_cell(grade_id, hidden01.JUDGES[grade_id], ctx)
+
+
+def test_every_autograded_code_cell_has_a_probe_and_a_judge() -> None:
+    cells = {H.nbgrader_meta(c)["grade_id"] for c in H.grade_cells(LAB)
+             if c.cell_type == "code" and not H.nbgrader_meta(c).get("solution")}
+    assert set(lab01.PROBES) == set(hidden01.JUDGES) == cells
+
+
+@pytest.mark.parametrize("grade_id", sorted(set(lab01.PROBES) - HEAVY))
+def test_reference_answers_pass_every_judge(solution: dict[str, Any], grade_id: str) -> None:
+    for seed in (11, 12):
+        mark = _mark(grade_id, solution, seed)
+        assert mark.fraction == 1.0, (grade_id, seed, mark.message)
+
+
+def test_bottleneck_here_reads_the_students_verdict_at_the_graders_measurement(solution, monkeypatch) -> None:
+    far = {"data": 0.9, "h2d": 0.0, "forward": 0.05, "backward": 0.04, "optimizer": 0.01}
+    config = lab01.lab_config("tiny")
+    layers = lab01.lab_layers(config)
+    measured = {"phase_seconds": far, "layers": layers, "peak_flops": 1e11, "peak_bandwidth": 1e10}
+    monkeypatch.setattr(hidden01, "grader_measurement", lambda config, steps=3: measured)
+    assert _mark("bottleneck_here", solution).fraction == 1.0
+
+    def always_model(phase_seconds, layers, peak_flops, peak_bandwidth):
+        return {"stage": "model", "bound": "compute"}
+
+    mark = _mark("bottleneck_here", {"bottleneck_verdict": always_model})
+    assert mark.fraction == 0.0 and "the stage is data, you said model" in mark.message
+
+
+def test_bottleneck_reference_accepts_both_answers_near_a_threshold() -> None:
+    layers = [{"flops": 1e9, "bytes": 1e7}]
+    near = {"data": lab01.DATA_SHARE + 0.01, "forward": 1 - lab01.DATA_SHARE - 0.01}
+    far = {"data": 0.9, "forward": 0.1}
+    assert hidden01.reference_verdict(near, layers, 1e11, 1e10)["stages_accepted"] == ("data", "model")
+    assert hidden01.reference_verdict(far, layers, 1e11, 1e10)["stages_accepted"] == ("data",)
+
+
+def test_profile_training_probe_and_judges(solution, tiny_data, tmp_path) -> None:
+    mark = _mark("profile_training_hidden", solution)
+    assert mark.fraction == 1.0, mark.message
+    trace = tmp_path / "t.trace.json"
+    solution["profile_training"](lab01.lab_config("tiny"), 1, trace)
+    assert _mark("profile_training_visible", {"TRACE": trace, "ACTIVE": 1}).fraction == 1.0
+    mark = _mark("profile_training_visible", {"TRACE": trace, "ACTIVE": 2})
+    assert mark.fraction == 0.0 and "profiler steps" in mark.message
+    mark = _mark("profile_training_visible", {"TRACE": tmp_path / "none.json", "ACTIVE": 1})
+    assert mark.fraction == 0.0 and "no trace" in mark.message
+
+
+@pytest.mark.parametrize("grade_id", ["time_callable_hidden", "counting_hidden_layers", "memory_budget_hidden",
+                                      "top_by_cumulative_hidden", "slowest_line_hidden", "find_leak_hidden",
+                                      "roofline_hidden", "bottleneck_rule_hidden"])
+def test_forged_observations_earn_nothing(solution: dict[str, Any], grade_id: str) -> None:
+    judge = hidden01.JUDGES[grade_id]
+    for forged in ({"problems": []}, True, {"verdict": "pass"}, [], None):
+        ctx = judging.Context(LAB, 11, "tiny", {grade_id: {"observed": forged}})
+        assert judging.judge_cell(grade_id, judge, ctx).fraction == 0.0, forged
+    assert _mark(grade_id, solution, seed=11, judge_seed=12).fraction == 0.0, "outputs for another seed"
+
+
+@pytest.mark.parametrize("grade_id", sorted(lab01.PROBES))
+def test_missing_answers_earn_nothing(grade_id: str) -> None:
+    mark = _mark(grade_id, {})
+    assert mark.fraction == 0.0 and "the notebook defines no" in mark.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The judges fail wrong answers (so a pass means something)
+
+
+def _fails(grade_id: str, namespace: dict[str, Any], match: str) -> None:
+    with pytest.raises(AssertionError, match=match):
+        hidden01.check(grade_id, namespace, seed=1)
 
 
 def _timer_without_sync(fn, warmup=3, repeats=20, clock=time.perf_counter, sync=None):
@@ -71,8 +181,8 @@ def _timer_without_sync(fn, warmup=3, repeats=20, clock=time.perf_counter, sync=
 
 
 def test_timer_that_forgets_sync_fails() -> None:
-    with pytest.raises(AssertionError, match="sync"):
-        hidden01.check_time_callable(_timer_without_sync, seed=1)
+    _fails("time_callable_hidden", {"time_callable": _timer_without_sync}, "sync")
+    _fails("time_callable_visible", {"time_callable": _timer_without_sync}, "sync")
 
 
 def test_fake_device_charges_queued_work_at_sync() -> None:
@@ -85,24 +195,26 @@ def test_fake_device_charges_queued_work_at_sync() -> None:
     fn()
     dev.sync()
     assert dev.clock() == 6.0 and dev.syncs == 2
+    assert "".join(dev.log) == "ctstcst", dev.log
     with pytest.raises(AssertionError, match="more than the 2 times"):
         fn()
 
 
-def test_conv_formula_ignoring_groups_and_dilation_fails() -> None:
+def test_conv_formula_ignoring_groups_and_dilation_fails(solution: dict[str, Any]) -> None:
     def naive(conv, shape):
         n, c, h, w = shape
         k, s, p = conv.kernel_size[0], conv.stride[0], conv.padding[0]
         out = (h + 2 * p - k) // s + 1
         return 2 * n * conv.out_channels * out * out * c * k * k
 
-    with pytest.raises(AssertionError, match="FlopCounterMode counts"):
-        hidden01.check_conv2d_flops(naive, seed=2)
+    _fails("counting_hidden_layers", {**solution, "conv2d_flops": naive}, "FlopCounterMode counts")
 
 
 def test_leaky_preprocessing_fails_and_reset_frees_it() -> None:
     with pytest.raises(AssertionError, match="still kept"):
         lab01.check_preprocess_fixed(lab01.preprocess_leaky, seed=3)
+    lab01.reset_leak()
+    _fails("preprocess_fixed_check", {"preprocess_fixed": lab01.preprocess_leaky}, "still kept")
     lab01.reset_leak()
     assert lab01.reset_leak() == 0
 
@@ -111,8 +223,7 @@ def test_leak_finder_that_returns_the_wrong_line_fails() -> None:
     def first_line(fn, make_input, calls=50):
         return fn.__code__.co_filename, fn.__code__.co_firstlineno
 
-    with pytest.raises(AssertionError, match="keeps what line"):
-        hidden01.check_find_leak(first_line, seed=4)
+    _fails("find_leak_hidden", {"find_leak": first_line}, "keeps what line")
 
 
 def test_memory_budget_counting_saved_tensors_twice_fails() -> None:
@@ -127,32 +238,55 @@ def test_memory_budget_counting_saved_tensors_twice_fails() -> None:
         return {"parameters": nbytes, "gradients": grads,
                 "optimizer": {"sgd": 0, "sgd-momentum": 1, "adam": 2}[optimizer] * grads, "activations": sum(saved)}
 
-    with pytest.raises(AssertionError, match="activations"):
-        hidden01.check_memory_budget(no_dedup, seed=5)
+    _fails("memory_budget_hidden", {"training_memory_budget": no_dedup}, "activations")
 
 
-def test_roofline_verdict_with_the_ridge_upside_down_fails() -> None:
+def test_roofline_verdict_with_the_ridge_upside_down_fails(solution: dict[str, Any]) -> None:
     def flipped(flops, nbytes, peak, bandwidth):
         intensity = flops / nbytes
         return ("memory-bound" if intensity >= peak / bandwidth else "compute-bound"), min(peak, bandwidth * intensity)
 
-    with pytest.raises(AssertionError, match="you said"):
-        hidden01.check_roofline_verdict(flipped, seed=6)
+    _fails("roofline_hidden", {**solution, "roofline_verdict": flipped}, "you said")
+    _fails("roofline_visible", {**solution, "roofline_verdict": flipped}, "you said")
 
 
-def test_bottleneck_reference_accepts_both_answers_near_a_threshold() -> None:
-    layers = [{"flops": 1e9, "bytes": 1e7}]
-    near = {"data": lab01.DATA_SHARE + 0.01, "forward": 1 - lab01.DATA_SHARE - 0.01}
-    far = {"data": 0.9, "forward": 0.1}
-    assert hidden01.reference_verdict(near, layers, 1e11, 1e10)["stages_accepted"] == ("data", "model")
-    assert hidden01.reference_verdict(far, layers, 1e11, 1e10)["stages_accepted"] == ("data",)
+def test_profile_rows_by_own_time_and_primitive_calls_fail() -> None:
+    def by_tottime(stats, n):
+        rows = [lab01.FunctionRow(k, nc, tt, ct) for k, (_cc, nc, tt, ct, _c) in stats.stats.items()]
+        return sorted(rows, key=lambda r: r.tottime, reverse=True)[:n]
 
-    def always_model(phase_seconds, layers, peak_flops, peak_bandwidth):
-        return {"stage": "model", "bound": "compute"}
+    def primitive(stats, n):
+        rows = [lab01.FunctionRow(k, cc, tt, ct) for k, (cc, _nc, tt, ct, _c) in stats.stats.items()]
+        return sorted(rows, key=lambda r: r.cumtime, reverse=True)[:n]
 
-    measured = {"phase_seconds": far, "layers": layers, "peak_flops": 1e11, "peak_bandwidth": 1e10}
-    with pytest.raises(AssertionError, match="the stage is data, you said model"):
-        hidden01.check_bottleneck_here(always_model, None, measured=measured)
+    _fails("top_by_cumulative_hidden", {"top_by_cumulative": by_tottime}, "top")
+    for seed in range(1, 6):  # some profile of these holds a recursive function
+        try:
+            hidden01.check("top_by_cumulative_hidden", {"top_by_cumulative": primitive}, seed=seed)
+        except AssertionError as exc:
+            assert "calls" in str(exc)
+            break
+    else:
+        raise AssertionError("primitive call counts were never caught")
+
+
+def test_slowest_line_ignoring_the_unit_fails() -> None:
+    def no_unit(stats, func):
+        code = func.__code__
+        rows = stats.timings[(code.co_filename, code.co_firstlineno, func.__name__)]
+        lineno, hits, t = max(rows, key=lambda r: r[2])
+        return lab01.LineTiming(lineno, hits, float(t), t / sum(r[2] for r in rows))
+
+    _fails("slowest_line_hidden", {"slowest_line": no_unit}, "stats.unit")
+
+
+def test_bottleneck_rule_without_the_copy_threshold_fails(solution: dict[str, Any]) -> None:
+    def no_copy(phase_seconds, layers, peak_flops, peak_bandwidth):
+        got = solution["bottleneck_verdict"](phase_seconds, layers, peak_flops, peak_bandwidth)
+        total = sum(phase_seconds.values())
+        return {**got, "stage": "data" if phase_seconds.get("data", 0) / total >= lab01.DATA_SHARE else "model"}
+
+    _fails("bottleneck_rule_hidden", {"bottleneck_verdict": no_copy}, "expected")
 
 
 def test_layer_calls_sees_every_conv_and_linear_of_resnet18() -> None:

@@ -20,6 +20,15 @@ from typing import Any
 # Modules whose attributes a notebook must not reassign: the clocks timing reads, and perflab.
 GUARDED = ("time", "timeit", "perflab", "torch.cuda", "torch.mps", "torch.utils.benchmark",
            "builtins", "sys.modules", "datetime")
+# Attributes through which a notebook hooks the kernel that runs it (or the interpreter under it).
+HOOK_ATTRS = ("ast_transformers", "input_transformers_post", "input_transformers_cleanup",
+              "input_transformer_manager", "set_custom_exc", "register_magic_function", "settrace",
+              "setprofile", "addaudithook", "meta_path", "path_hooks", "excepthook", "displayhook")
+# Environment variables that steer perflab, Python, nbgrader or torch: a notebook has no business setting them.
+WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|KINETO_|TORCH)")
+# Paths a notebook reads only to reach what is not its own: the grader's files, the kit's checkout.
+OUTSIDE = re.compile(r"(^|/)\.\.(/|$)|^[/~]|labs/hidden|gradebook|solutions/|autograder|\.git\b|judges\.py|"
+                     r"observations")
 # A name that holds a claimed figure: assigning it a literal number is a hard-coded claim.
 CLAIM_NAME = re.compile(r"speed_?up|claim", re.IGNORECASE)
 _MAGIC = re.compile(r"^\s*[%!]")
@@ -139,14 +148,16 @@ def scan_notebook(nb: Any, release: Any) -> list[Finding]:
 
 
 def scan_code(source: str) -> list[str]:
-    """Messages for clock or perflab patching and hard-coded claims in one cell's code."""
+    """Messages for clock or perflab patching, kernel hooks, steering environment variables, reads
+    outside the notebook's folder and hard-coded claims in one cell's code (with the line)."""
+    messages = _scan_magics(source)
     text = "\n".join("pass" if _MAGIC.match(line) else line for line in source.splitlines())
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return []
     aliases = _aliases(tree)
-    messages: list[str] = []
+    messages += _scan_hooks_env_paths(tree, aliases)
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
         value: ast.expr | None = None
@@ -185,6 +196,55 @@ def scan_code(source: str) -> list[str]:
                     messages.append(f"the claim {key.value!r} is a typed-in number ({ast.unparse(val)}); "
                                     "compute it from your own measurement (the autograder re-measures it)")
     return list(dict.fromkeys(messages))
+
+
+def _scan_magics(source: str) -> list[str]:
+    out = []
+    for number, line in enumerate(source.splitlines(), 1):
+        match = re.match(r"^\s*%+\s*(env|set_env)\s+([A-Za-z_][A-Za-z0-9_]*)", line)
+        if match and WATCHED_ENV.match(match.group(2)):
+            out.append(f"line {number}: the code sets the environment variable {match.group(2)} "
+                       "(it steers perflab, Python or nbgrader; flagged for review)")
+    return out
+
+
+def _scan_hooks_env_paths(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+    """Kernel hooks, environment variables that steer the grader, and paths outside the notebook's folder."""
+    out = []
+    for node in ast.walk(tree):
+        line = f"line {getattr(node, 'lineno', '?')}: "
+        if isinstance(node, ast.Attribute) and node.attr in HOOK_ATTRS:
+            out.append(line + f"the code installs kernel hooks ({node.attr}); the grader checks answers in its "
+                       "own process, so hooks change nothing, and they are flagged for review")
+        if isinstance(node, ast.Call):
+            func = _dotted(node.func, aliases) or ""
+            if func.endswith("events.register"):
+                out.append(line + "the code installs kernel hooks (events.register); flagged for review")
+            keys = [a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if func in ("os.putenv", "os.unsetenv", "os.environ.setdefault", "os.environ.pop") and (
+                    not keys or WATCHED_ENV.match(keys[0])):
+                out.append(line + f"the code sets the environment variable {keys[0] if keys else '(computed)'} "
+                           "(it steers perflab, Python or nbgrader; flagged for review)")
+            if func == "os.environ.update":
+                out.append(line + "the code changes environment variables (os.environ.update); flagged for review")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Subscript) and _dotted(target.value, aliases) == "os.environ":
+                    key = target.slice.value if isinstance(target.slice, ast.Constant) else None
+                    if not isinstance(key, str) or WATCHED_ENV.match(key):
+                        out.append(line + f"the code sets the environment variable {key or '(computed)'} "
+                                   "(it steers perflab, Python or nbgrader; flagged for review)")
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 300
+                and OUTSIDE.search(node.value) and not node.value.startswith(("/dev/null", "//"))):
+            out.append(line + f"the code reads outside its folder ({node.value[:60]!r}); a notebook works "
+                       "in its own folder (flagged for review)")
+        if isinstance(node, ast.Attribute) and node.attr == "__file__":
+            owner = _dotted(node.value, aliases) or ""
+            if owner.split(".")[0] == "perflab":
+                out.append(line + "the code reads outside its folder (the perflab package's own files); "
+                           "flagged for review")
+    return out
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:

@@ -20,29 +20,31 @@ also take the run's timing lock (`timelock.timed_section`), so they run one at a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import logging
 import os
 import queue
 import re
+import secrets
 import shutil
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from perflab.grading import checks, harness, judging, sandbox
 from perflab.grading import feedback as fb
 from perflab.grading import nbgrader_api as nbapi
-from perflab.grading import sandbox
 from perflab.grading.checks import grade_id
 from perflab.grading.state import CellResult, Record, State, lock, sha256
-from perflab.verify import guard
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +99,9 @@ class LabInfo:
 
     lab: str
     notebook: str  # file name, e.g. lab01_measure.ipynb
-    cells: tuple[dict[str, Any], ...]  # [{"grade_id", "max_score", "hidden"}] in notebook order
+    cells: tuple[dict[str, Any], ...]  # [{"grade_id", "max_score", "hidden", "manual"}] in notebook order
     guarded: dict[str, list[str]]  # grade_id -> hidden-test lines (for the leak guard)
+    source_folder: Path | None = None  # <course>/source/<lab>/ (a course lab's judges.py lives there)
 
     @property
     def hidden(self) -> set[str]:
@@ -218,8 +221,19 @@ def lab_info(course: Path, lab: str) -> LabInfo:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade") and grade_id(cell):
             cells.append({"grade_id": grade_id(cell), "max_score": float(meta.get("points", 0)),
-                          "hidden": fb.BEGIN_HIDDEN in cell.source})
-    return LabInfo(lab, notebooks[0].name, tuple(cells), fb.hidden_lines(nb.cells))
+                          "hidden": fb.BEGIN_HIDDEN in cell.source, "manual": bool(meta.get("solution"))})
+    return LabInfo(lab, notebooks[0].name, tuple(cells), fb.hidden_lines(nb.cells), folder)
+
+
+def lab_judges(info: LabInfo, tmpl: Path) -> dict[str, judging.Judge]:
+    """The lab's judges; every autograded cell must have one (raises, naming the cells, otherwise)."""
+    judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
+    missing = [c["grade_id"] for c in info.cells if not c["manual"] and c["grade_id"] not in judges]
+    if missing:
+        raise LookupError(f"{info.lab}: no judge for the autograded cell(s) {', '.join(missing)}: the grader "
+                          "decides every score itself (add them to JUDGES in perflab/labs/hidden/<labNN>.py, "
+                          f"or in {judging.JUDGES_FILE} beside the source notebook, with PROBES to match)")
+    return judges
 
 
 def submissions(course: Path, labs: Iterable[str] | None = None, students: Iterable[str] | None = None) -> list[Job]:
@@ -278,22 +292,49 @@ def template(course: Path, lab: str) -> Path:
     return out
 
 
-def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Settings) -> dict[str, str]:
-    """Lay out the sandbox's work folder; returns the environment the worker runs with."""
-    course = workdir / "course"
-    for name in nbapi.COURSE_FOLDERS:
-        (course / name).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(tmpl / "gradebook.db", course / "gradebook.db")
-    shutil.copytree(tmpl / "release" / job.lab, course / "release" / job.lab)
-    (course / "source" / job.lab).mkdir(parents=True, exist_ok=True)
-    if (tmpl / "source" / job.lab).is_dir():  # support files a lab ships beside its notebook
-        shutil.copytree(tmpl / "source" / job.lab, course / "source" / job.lab, dirs_exist_ok=True)
-    dest = course / "submitted" / job.student / job.lab
-    dest.mkdir(parents=True)
-    shutil.copyfile(job.path, dest / info.notebook)
-    stamp = job.path.parent / "timestamp.txt"
-    if stamp.is_file():
-        shutil.copyfile(stamp, dest / "timestamp.txt")
+def restore_locked(nb: Any, release: Any) -> Any:
+    """`nb` with every locked cell of the release put back as released (the first copy of each), so
+    the setup and test cells run as the instructor wrote them."""
+    released = {grade_id(c): c for c in release.cells if grade_id(c) and c.metadata.nbgrader.get("locked")}
+    seen: set[str] = set()
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if gid in released and gid not in seen:
+            seen.add(gid)
+            original = released[gid]
+            cell.source = original.source
+            cell.metadata["nbgrader"] = dict(original.metadata.nbgrader)
+            if cell.cell_type != original.cell_type:
+                cell.cell_type = original.cell_type
+                if original.cell_type == "code":
+                    cell.outputs, cell.execution_count = [], None
+                else:
+                    cell.pop("outputs", None)
+                    cell.pop("execution_count", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def released_notebook(tmpl: Path, lab: str, name: str) -> Any:
+    import nbformat
+
+    return nbformat.read(tmpl / "release" / lab / name, as_version=4)
+
+
+def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Settings, nb: Any,
+                seed: int) -> dict[str, str]:
+    """Lay out the sandbox's work folder (the notebook to run, the files the lab releases beside it,
+    job.json); returns the environment the worker runs with. Nothing grader-only goes in."""
+    import nbformat
+
+    folder = workdir / "notebook"
+    folder.mkdir()
+    for extra in sorted((tmpl / "source" / job.lab).glob("*")):
+        if extra.is_file() and extra.name != judging.JUDGES_FILE:
+            shutil.copy2(extra, folder / extra.name)
+    nbformat.write(nb, folder / info.notebook)
     for name in ("home", "runtime", "cache"):
         (workdir / name).mkdir()
     env = {"HOME": str(workdir / "home"), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
@@ -302,20 +343,31 @@ def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Se
            "PYTHONDONTWRITEBYTECODE": "1", **settings.env}
     (workdir / "job.json").write_text(json.dumps({
         "lab": job.lab, "student": job.student, "notebook": info.notebook, "sha256": job.sha256,
-        "cell_timeout": settings.cell_timeout, "env": env,
-        "cells": [{"grade_id": c["grade_id"], "max_score": c["max_score"]} for c in info.cells],
-    }), encoding="utf-8")
+        "cell_timeout": settings.cell_timeout, "env": env, "seed": seed,
+        "autograded": [c["grade_id"] for c in info.cells if not c["manual"]]}), encoding="utf-8")
     return env
 
 
-MANIFEST_NAME = "perflab-hashes.json"
+# Folders of the kit a graded notebook may read: the package (less its grader-only part), the data
+# sets, the released labs and the environment. Everything else in the checkout is hidden from the sandbox.
+PUBLIC_ENTRIES = frozenset({"perflab", "datasets", "labs", ".venv", "venv", ".whl"})
+GRADER_ONLY_PACKAGE = REPO / "perflab" / "labs" / "hidden"
 
 
-def write_hash_manifest(path: Path) -> Path:
-    """perflab's file hashes now, in a file only this user may change (readable by the sandbox)."""
-    guard.write_manifest(path)
-    os.chmod(path, 0o644)
-    return path
+def grader_only_paths(repo: Path = REPO) -> list[Path]:
+    """Folders of the checkout the sandbox must not see: the grader-only judges, the solutions, the
+    expectations and course folders, the tests, the git history, and any other folder of the kit."""
+    import sys
+
+    keep = [Path(sys.prefix).resolve(), *(Path(p).resolve() for p in [os.environ.get("PERFLAB_DATA_DIR")] if p)]
+    out = [GRADER_ONLY_PACKAGE] if GRADER_ONLY_PACKAGE.is_dir() else []
+    for child in sorted(Path(repo).iterdir()):
+        if not child.is_dir() or child.is_symlink() or child.name in PUBLIC_ENTRIES:
+            continue
+        if any(k == child.resolve() or child.resolve() in k.parents for k in keep):
+            continue
+        out.append(child)
+    return out
 
 
 def sandbox_base() -> Path:
@@ -337,32 +389,40 @@ def node_timing_lock() -> Path:
 def failure_result(info: LabInfo, reason: str) -> dict[str, Any]:
     """The result of a submission that produced none: every cell 0, with the reason."""
     return {"error": reason, "notebook": None, "findings": [], "events": [],
-            "cells": [{"grade_id": c["grade_id"], "max_score": c["max_score"], "score": 0.0,
-                       "needs_manual_grade": False, "error": reason, "verdict": None} for c in info.cells]}
+            "cells": [cell_row(c, 0.0, error=reason) for c in info.cells]}
+
+
+def cell_row(cell: dict[str, Any], score: float | None, *, error: str | None = None,
+             verdict: dict[str, Any] | None = None, manual: bool = False) -> dict[str, Any]:
+    """One graded cell's row of a result, as the gradebook, feedback and export read it."""
+    return {"grade_id": cell["grade_id"], "max_score": float(cell["max_score"]), "score": score,
+            "needs_manual_grade": manual, "error": error, "verdict": verdict}
 
 
 def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: Sequence[Path] = (),
               timing_lock: Path | None = None, cpus: tuple[int, ...] | None = None,
               gpu: int | None = None) -> dict[str, Any]:
-    """Grade one submission in a sandbox and return the worker's result (always a result)."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"{job.lab}-", dir=sandbox_base()))
-    manifest = write_hash_manifest(workdir.with_name(workdir.name + ".hashes.json"))
+    """Grade one submission and return its result (always a result, whatever the submission does).
+
+    The submission is read and checked here (as data); its notebook runs in the sandbox, which
+    returns the executed notebook and the probes' observations; the judges decide every score here.
+    """
     try:
-        env = prepare_job(job, info, tmpl, workdir, settings)
-        binds = {}
-        isolated = sandbox.isolation().kind != "none"
-        # perflab's file hashes, recorded before the student's code runs and out of its reach (the
-        # sandbox user may read the file, not replace it): verify checks the package against these
-        # rather than against whatever the files held when the notebook first imported perflab.
-        if isolated:
-            binds[str(manifest)] = MANIFEST_NAME
-        env[guard.MANIFEST_ENV] = str(workdir / MANIFEST_NAME if isolated else manifest)
-        if timing_lock is not None:
-            if not isolated:
-                env["PERFLAB_TIMING_LOCK"] = str(timing_lock)
-            else:
-                binds[str(timing_lock)] = "timing.lock"
-                env["PERFLAB_TIMING_LOCK"] = str(workdir / "timing.lock")
+        release = released_notebook(tmpl, job.lab, info.notebook)
+        nb, findings = checks.inspect_submission(job.path.read_bytes(), release)
+    except Exception as exc:  # a submission must never stop the batch
+        log.exception("%s/%s: could not read the submission", job.lab, job.student)
+        return failure_result(info, f"the notebook could not be read ({type(exc).__name__}: {exc})"[:300])
+    found = [f.to_dict() for f in findings]
+    if nb is None:
+        error = next(f.message for f in findings if f.fatal)
+        return {**failure_result(info, error), "findings": found}
+    present = {grade_id(c) for c in nb.cells if grade_id(c)}
+    seed = secrets.randbelow(2**31)
+    restore_locked(nb, release)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{job.lab}-", dir=sandbox_base()))
+    try:
+        env = prepare_job(job, info, tmpl, workdir, settings, nb, seed)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),
@@ -371,11 +431,174 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         import sys
 
         run = sandbox.run([sys.executable, "-m", "perflab.grading.worker", str(workdir)], workdir=workdir,
-                          limits=limits, hide=hide, env=env, binds=binds)
-        return interpret(run, job, info)
+                          limits=limits, hide=hide, env=env)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        manifest.unlink(missing_ok=True)
+    result = interpret(run, job, info)
+    result["findings"] = found + result.get("findings", []) + kernel_findings(result.get("observations"))
+    result["seed"] = seed
+    if result.get("error") is None:
+        mode = judging.grading_mode(settings.env)
+        box = {"limits": settings.limits, "hide": hide, "cpus": cpus, "gpu": gpu}
+        runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
+        with _timing_lock(timing_lock):
+            result["cells"] = score(info, tmpl, result, present, seed, mode, runners)
+    return result
+
+
+@contextlib.contextmanager
+def _timing_lock(path: Path | None) -> Iterator[None]:
+    """The run's timing lock for the judges' re-measurements (a no-op with one job at a time)."""
+    from perflab.grading.timelock import TIMING_LOCK_ENV
+
+    if path is None:
+        yield
+        return
+    os.environ[TIMING_LOCK_ENV] = str(path)
+    yield
+
+
+def kernel_findings(observations: Any) -> list[dict[str, Any]]:
+    """Flags from what the probes saw of the kernel, against the kernel as it started: hooks
+    installed, perflab or Python settings changed. Evidence for a person, never a score (a kernel
+    may hide its hooks)."""
+    kernel = observations.get("kernel") if isinstance(observations, dict) else None
+    start = observations.get("kernel_start") if isinstance(observations, dict) else None
+    if not isinstance(kernel, dict) or not isinstance(start, dict):
+        return []
+    seen = []
+    for key in ("ast_transformers", "input_transformers_post"):
+        now, before = kernel.get(key), start.get(key)
+        if isinstance(now, list) and isinstance(before, list) and len(now) > len(before):
+            seen.append(f"{key} {', '.join(str(x) for x in now[len(before):])[:120]}")
+    for key in ("input_transformers_cleanup", "input_transformers_line"):
+        now, before = kernel.get(key), start.get(key)
+        if isinstance(now, int) and isinstance(before, int) and now > before:
+            seen.append(f"{key} (+{now - before})")
+    callbacks, before_cb = kernel.get("event_callbacks"), start.get("event_callbacks")
+    if isinstance(callbacks, dict) and isinstance(before_cb, dict):
+        seen += [f"an event callback on {k}" for k, v in callbacks.items()
+                 if isinstance(v, int) and v > (before_cb.get(k) if isinstance(before_cb.get(k), int) else 0)]
+    for key in ("trace", "profile"):
+        if kernel.get(key) is True and start.get(key) is not True:
+            seen.append(f"a {key} function (sys.set{key})")
+    out = []
+    if seen:
+        out.append({"cell": "notebook", "message": "the notebook installed kernel hooks: " + "; ".join(seen)
+                    + " (the grader checks your answers in its own process; hooks change nothing but are "
+                    "reviewed by a person)", "flag": True, "fatal": False})
+    env_now, env_start = kernel.get("env"), start.get("env")
+    if isinstance(env_now, dict) and isinstance(env_start, dict):
+        changed = sorted(str(k) for k in set(env_now) | set(env_start) if env_now.get(k) != env_start.get(k))
+        if changed:
+            out.append({"cell": "notebook", "message": "the notebook changed environment variables that steer "
+                        f"perflab, Python or nbgrader: {', '.join(changed[:8])} (reviewed by a person)",
+                        "flag": True, "fatal": False})
+    return out
+
+
+def score(info: LabInfo, tmpl: Path, result: dict[str, Any], present: set[str], seed: int, mode: str,
+          runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None)) -> list[dict[str, Any]]:
+    """Every graded cell's row, decided here: autograded cells by the lab's judges from the
+    observations, written answers left to a person (0 when left as released)."""
+    judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
+    observations = result.get("observations")
+    cells_seen = observations.get("cells") if isinstance(observations, dict) else None
+    if not isinstance(cells_seen, dict) or observations.get("schema") != harness.OBSERVATIONS_SCHEMA:
+        cells_seen = {}
+    ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners)
+    answered = manual_answers(result.get("notebook"), tmpl, info)
+    rows = []
+    for cell in info.cells:
+        gid = cell["grade_id"]
+        if gid not in present:
+            rows.append(cell_row(cell, 0.0, error="the cell was deleted; scored 0"))
+        elif cell["manual"]:
+            changed = answered.get(gid, True)
+            rows.append(cell_row(cell, None if changed else 0.0, manual=changed,
+                                 error=None if changed else "left as released; scored 0"))
+        elif gid not in judges:
+            log.warning("%s: no judge for %s; scored 0", info.lab, gid)
+            rows.append(cell_row(cell, 0.0, error="the grader has no check for this cell"))
+        else:
+            mark = judging.judge_cell(gid, judges[gid], ctx)
+            rows.append(cell_row(cell, round(mark.fraction * float(cell["max_score"]), 6),
+                                 error=None if mark.fraction >= 1.0 else (mark.message or "a check failed"),
+                                 verdict=mark.verdict))
+    return rows
+
+
+def manual_answers(notebook_text: Any, tmpl: Path, info: LabInfo) -> dict[str, bool]:
+    """grade_id -> whether a written answer differs from the released text (from the graded copy)."""
+    import nbformat
+
+    if not isinstance(notebook_text, str):
+        return {}
+    try:
+        nb = nbformat.reads(notebook_text, as_version=4)
+        release = released_notebook(tmpl, info.lab, info.notebook)
+    except Exception:
+        return {}
+    released = {grade_id(c): c.source.strip() for c in release.cells if grade_id(c)}
+    out: dict[str, bool] = {}
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if gid and gid not in out and isinstance(cell.get("source"), str):
+            out[gid] = cell.source.strip() != released.get(gid, "")
+    return out
+
+
+def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None, limits: sandbox.Limits,
+                    hide: Sequence[Path], cpus: tuple[int, ...] | None, gpu: int | None) -> tuple[Any, str, float]:
+    """`perflab.verify`'s child run in a fresh sandbox: a candidate of student code is re-measured
+    where it can reach nothing of the grader's; the parent still decides from its raw times."""
+    import sys
+
+    workdir = Path(tempfile.mkdtemp(prefix="verify-", dir=sandbox_base()))
+    try:
+        job = dict(job)
+        candidate = dict(job["candidate"])
+        if candidate.get("kind") == "module":
+            shutil.copyfile(candidate["target"], workdir / "candidate.py")
+            candidate["target"] = str(workdir / "candidate.py")
+        job["candidate"] = candidate
+        job["result_path"] = str(workdir / "result.json")
+        (workdir / "verify-job.json").write_text(json.dumps(job), encoding="utf-8")
+        env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(workdir / "mpl"),
+               **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+        box = replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus,
+                      memory_bytes=memory_limit if memory_limit is not None else limits.memory_bytes)
+        run = sandbox.run([sys.executable, "-I", "-m", "perflab.verify.child", "--job", str(workdir / "verify-job.json")],
+                          workdir=workdir, limits=box, hide=hide, env=env)
+        if run.timed_out:
+            return None, f"timeout: the run did not finish within its {time_limit:.0f} s limit", run.wall_s
+        try:
+            result = json.loads(run.result.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            result = None
+        if not isinstance(result, dict) or result.get("nonce") != job["nonce"]:
+            return None, (f"crashed: the process exited with status {run.returncode} without a result; its last "
+                          f"output: {run.output_tail[-300:]}"), run.wall_s
+        return result, "", run.wall_s
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, hide: Sequence[Path],
+                      cpus: tuple[int, ...] | None, gpu: int | None) -> tuple[int, str]:
+    """A program holding student code, run with `python -I` in a fresh sandbox: (exit status, output tail)."""
+    import sys
+
+    workdir = Path(tempfile.mkdtemp(prefix="program-", dir=sandbox_base()))
+    try:
+        (workdir / "program.py").write_text(program, encoding="utf-8")
+        env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1",
+               **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+        run = sandbox.run([sys.executable, "-I", str(workdir / "program.py")], workdir=workdir,
+                          limits=replace(limits, wall_s=timeout, cpus=cpus or limits.cpus), hide=hide, env=env)
+        return (-9 if run.timed_out else run.returncode), run.output_tail
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any]:
@@ -385,6 +608,8 @@ def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any
         try:
             result = json.loads(run.result.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
+            result = None
+        if not isinstance(result, dict):
             result = None
     if run.timed_out:
         why = (f"grading stopped after {run.wall_s:.0f} s, the time limit for one submission "
@@ -396,13 +621,19 @@ def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any
         why += "; every cell scored 0"
         log.warning("%s/%s: %s; output tail:\n%s", job.lab, job.student, why, run.output_tail[-2000:])
     else:
-        why = None
-    if why is not None or not result.get("cells"):
-        error = why or result.get("error") or "the grading process failed"
+        why = result.get("error") if isinstance(result.get("error"), str) else None
+    if why is not None:
         if result and result.get("trace"):
-            log.warning("%s/%s: %s\n%s", job.lab, job.student, error, result["trace"])
-        result = {**(result or {}), **failure_result(info, error),
-                  "findings": (result or {}).get("findings", []), "events": (result or {}).get("events", [])}
+            log.warning("%s/%s: %s\n%s", job.lab, job.student, why, result["trace"])
+        result = failure_result(info, why)
+    else:
+        assert result is not None
+        result = {"notebook": result.get("notebook") if isinstance(result.get("notebook"), str) else None,
+                  "observations": result.get("observations"),
+                  "events": [e for e in result.get("events") or [] if _is_event(e)],
+                  "files": {k: v for k, v in (result.get("files") or {}).items()
+                            if isinstance(k, str) and isinstance(v, str)},
+                  "error": None, "findings": []}
     log.debug("%s/%s: sandbox output tail:\n%s", job.lab, job.student, run.output_tail[-6000:])
     result["wall_s"] = run.wall_s
     result["isolation"] = run.isolation.kind
@@ -411,6 +642,11 @@ def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any
     result.setdefault("findings", [])
     result.setdefault("events", [])
     return result
+
+
+def _is_event(event: Any) -> bool:
+    return (isinstance(event, dict) and isinstance(event.get("event"), str) and isinstance(event.get("cell"), int)
+            and (event.get("grade_id") is None or isinstance(event.get("grade_id"), str)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,6 +663,9 @@ def notes_for(result: dict[str, Any], info: LabInfo) -> list[str]:
             continue
         cell = finding["cell"]
         lines.append(finding["message"] if cell == "notebook" else f"{cell}: {finding['message']}")
+    for row in result.get("cells", []):
+        if row.get("error") and not row.get("needs_manual_grade") and (row.get("score") or 0) < row["max_score"]:
+            lines.append(f"{row['grade_id']}: {_num(row.get('score'))}/{_num(row['max_score'])} points: {row['error']}")
     timed_out = {e["cell"] for e in result.get("events", []) if "was stopped" in e["event"]}
     for event in result.get("events", []):
         gid = event.get("grade_id")
@@ -490,14 +729,8 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     folder = course / "autograded" / job.student / job.lab
     if folder.exists():
         shutil.rmtree(folder)
-    if result.get("notebook"):
-        import nbformat
-
-        nb = nbformat.reads(result["notebook"], as_version=4)
-        fb.scrub(nb, info.hidden)
-        fb.add_notes(nb, notes, f"{job.lab}, {job.student}")
-        text = nbformat.writes(nb)
-        fb.assert_nothing_hidden(text, info.guarded, f"autograded notebook of {job.student}")
+    text = feedback_notebook(result, info, notes, job) if result.get("notebook") else None
+    if text is not None:
         folder.mkdir(parents=True)
         (folder / info.notebook).write_text(text, encoding="utf-8")
     for name, data in (result.get("files") or {}).items():  # results/*.json, for the student's report
@@ -506,6 +739,31 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
             (folder / "results" / name).write_text(data, encoding="utf-8")
     state.put(record)
     return record
+
+
+def feedback_notebook(result: dict[str, Any], info: LabInfo, notes: list[str], job: Job) -> str | None:
+    """The graded copy a student's feedback is made from (scrubbed, with the notes on top), or None
+    when it cannot be shown; a notebook the grader cannot show never stops the batch."""
+    import nbformat
+
+    try:
+        nb = nbformat.reads(result["notebook"], as_version=4)
+        fb.scrub(nb, info.hidden)
+        fb.add_notes(nb, notes, f"{job.lab}, {job.student}")
+        text = nbformat.writes(nb)
+        fb.assert_nothing_hidden(text, info.guarded, f"autograded notebook of {job.student}")
+    except fb.HiddenTestLeak:
+        log.warning("%s/%s: the graded notebook's outputs quote hidden-test text; not kept for feedback",
+                    job.lab, job.student)
+        return None
+    except Exception as exc:
+        log.warning("%s/%s: the graded notebook could not be kept for feedback (%s)", job.lab, job.student, exc)
+        return None
+    return text
+
+
+def _num(value: Any) -> str:
+    return f"{float(value or 0):g}"
 
 
 def _float(value: Any) -> float | None:
@@ -527,7 +785,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
     course = Path(course).resolve()
     if not (course / "gradebook.db").is_file():
         raise FileNotFoundError(f"{course}: no course folder here; run `perflab grade setup` first")
-    hide = [course, *(p for p in [solutions or SOLUTIONS_DIR] if Path(p).exists()), *settings.hide]
+    hide = [course, *(p for p in [solutions or SOLUTIONS_DIR] if Path(p).exists()), *grader_only_paths(),
+            *settings.hide]
     from perflab import env as _env
 
     hardware = _env.machine_info().hardware_class
@@ -536,13 +795,23 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         todo, done = plan(course, state, labs, students, force)
         infos = {lab: lab_info(course, lab) for lab in {j.lab for j in todo}}
         templates = {lab: template(course, lab) for lab in infos}
+        for lab, info in infos.items():
+            lab_judges(info, templates[lab])
         graded, failed = [], []
 
         def on_result(job: Job, result: dict[str, Any]) -> None:
             if state.done(job.lab, job.student, job.sha256) and not force:
                 log.info("%s/%s: a second result for the same content; ignored", job.lab, job.student)
                 return
-            record = merge(course, job, infos[job.lab], result, state, backend=backend, hardware_class=hardware)
+            info = infos[job.lab]
+            try:  # one submission's result never stops the batch
+                record = merge(course, job, info, result, state, backend=backend, hardware_class=hardware)
+            except Exception as exc:
+                log.exception("%s/%s: could not record the result", job.lab, job.student)
+                failure = {**failure_result(info, f"the grader could not record this result ({type(exc).__name__}); "
+                                                  "an instructor has been told"), "wall_s": result.get("wall_s", 0.0),
+                           "isolation": result.get("isolation", "")}
+                record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware)
             (failed if record.outcome == "failed" else graded).append(record.key)
             if progress:
                 progress(record)
@@ -593,7 +862,13 @@ def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_r
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 job = pending.pop(future)
-                on_result(job, future.result())
+                try:
+                    result = future.result()
+                except Exception as exc:  # a grader fault on one submission is that submission's line
+                    log.exception("%s/%s: grading failed", job.lab, job.student)
+                    result = failure_result(infos[job.lab], f"the grader failed on this submission "
+                                                            f"({type(exc).__name__}); an instructor has been told")
+                on_result(job, result)
 
 
 # ---------------------------------------------------------------------------------------------

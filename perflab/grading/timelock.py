@@ -21,7 +21,7 @@ from typing import Any
 
 TIMING_LOCK_ENV = "PERFLAB_TIMING_LOCK"
 VERDICT_MIME = "application/vnd.perflab.verdict+json"
-VERDICTS = ("pass", "fail", "inconclusive")
+VERDICTS = ("pass", "fail", "inconclusive", "deferred")
 
 
 @contextlib.contextmanager

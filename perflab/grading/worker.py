@@ -1,15 +1,17 @@
-"""The grading child: grades one submission inside the sandbox and sends the result up its pipe.
+"""The sandboxed half of grading: runs one student's notebook, then the lab's probes, and sends up
+what happened. It scores nothing.
 
     python -m perflab.grading.worker JOB_DIR
 
-JOB_DIR (written by the parent, see `pipeline.prepare_job`) holds `job.json` and a throwaway
-course folder with only what this one grade needs: the gradebook of this lab (no other
-student, no solutions), the released notebook, and this student's submission. The child checks
-the notebook (`checks`), runs nbgrader's autograde on it with `SandboxExecute` (a dead kernel
-fails the cell it died in, not the whole notebook; processes left behind are killed before any
-score is read), and scores each graded cell from the executed notebook against the maximum the
-parent sent (never from anything the student's code could have rewritten). The result is one
-JSON document (`RESULT_SCHEMA`) written to the fd in $PERFLAB_RESULT_FD.
+JOB_DIR (written by the parent, see `pipeline.prepare_job`) holds `job.json` (lab, notebook name,
+cell timeout, environment, the grader's seed) and `notebook/`: the submission with its locked cells
+already restored by the parent, beside the files the lab releases. No gradebook, no hidden test, no
+reference answer is here. The child executes the notebook with `SandboxExecute` (a dead kernel fails
+the cell it died in; processes left behind are killed), then one last cell in the same kernel
+(`harness.cell_source`) runs the lab's probes and writes their observations. The result (the
+executed notebook, the observations, what happened, the results file) is one JSON document
+(`RESULT_SCHEMA`) written to the fd in $PERFLAB_RESULT_FD. The parent treats all of it as
+untrusted data and decides every score itself (`perflab.grading.judging`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from nbclient.exceptions import DeadKernelError
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
 from perflab.grading.checks import grade_id
-from perflab.grading.timelock import VERDICT_MIME
 
 RESULT_SCHEMA = "perflab.grading.result"
 # Characters of one output kept in the graded copy: enough for any honest print, and a
@@ -50,8 +51,10 @@ class SandboxExecute(Execute):
     are marked not run) instead of losing the whole notebook, and every process the notebook
     left behind is killed before grading goes on."""
 
+    _dead_in: int | None = None
+
     def preprocess(self, nb, resources=None, km=None):  # noqa: D102
-        self._dead_in: int | None = None
+        self._dead_in = None
         self._current = 0
         try:
             return super().preprocess(nb, resources, km)
@@ -251,99 +254,89 @@ def first_error(cell: Any) -> tuple[str, str] | None:
     return None
 
 
-def verdict_of(cell: Any) -> dict[str, Any] | None:
-    """The last verification record a grade cell displayed, if any."""
-    found = None
-    for output in cell.get("outputs", []):
-        data = output.get("data", {})
-        if VERDICT_MIME in data and isinstance(data[VERDICT_MIME], dict):
-            found = dict(data[VERDICT_MIME])
-    return found
-
-
-def score_cells(nb: Any, expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Score every graded cell the lab has, in the lab's order, from the executed notebook."""
-    from nbgrader.utils import determine_grade, is_grade
-
-    from perflab.grading.checks import grade_id
-
-    first = {}
-    for cell in nb.cells:
-        gid = grade_id(cell)
-        if gid and gid not in first:
-            first[gid] = cell
-    rows = []
-    for spec in expected:
-        gid, max_score = spec["grade_id"], float(spec["max_score"])
-        row = {"grade_id": gid, "max_score": max_score, "score": 0.0, "needs_manual_grade": False,
-               "error": None, "verdict": None}
-        cell = first.get(gid)
-        if cell is None or not is_grade(cell):
-            row["error"] = "the cell was deleted; scored 0"
-            rows.append(row)
-            continue
-        score, meta_max = determine_grade(cell, log)
-        if score is None:
-            row["score"], row["needs_manual_grade"] = None, True
-        else:
-            fraction = (float(score) / meta_max) if meta_max else 0.0
-            row["score"] = round(max(0.0, min(1.0, fraction)) * max_score, 6)
-        error = first_error(cell) if cell.cell_type == "code" else None
-        if error:
-            row["error"] = f"{error[0]}: {error[1]}"[:300]
-        row["verdict"] = verdict_of(cell)
-        rows.append(row)
-    return rows
-
-
-def grade(job_dir: Path) -> dict[str, Any]:
+def run(job_dir: Path) -> dict[str, Any]:
+    """Execute the prepared notebook, then the lab's probes in the same kernel; return what happened."""
     import nbformat
-    from nbgrader.preprocessors import (
-        AssignLatePenalties,
-        CheckCellMetadata,
-        IgnorePattern,
-        LimitOutput,
-        SaveAutoGrades,
-    )
+    from nbformat.v4 import new_code_cell
 
-    from perflab.grading import checks, nbgrader_api
+    from perflab.grading import harness
 
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
-    lab, student, name = job["lab"], job["student"], job["notebook"]
-    course = job_dir / "course"
-    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "version": 1, "lab": lab, "student": student,
-                              "sha256": job["sha256"], "findings": [], "events": [], "cells": [],
-                              "notebook": None, "error": None}
-    release = nbformat.read(course / "release" / lab / name, as_version=4)
-    submitted = course / "submitted" / student / lab / name
-    nb, findings = checks.inspect_submission(submitted.read_bytes(), release)
-    result["findings"] = [f.to_dict() for f in findings]
-    if nb is None:
-        result["error"] = next(f.message for f in findings if f.fatal)
-        result["cells"] = _zeros(job["cells"], "not graded: " + result["error"])
-        return result
-    nbformat.write(nb, submitted)
-    from nbconvert.preprocessors import ClearMetadataPreprocessor
-
-    preprocessors = [SandboxExecute, IgnorePattern, ClearMetadataPreprocessor, CapOutput, LimitOutput,
-                     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    lab, name = job["lab"], job["notebook"]
+    folder = job_dir / "notebook"
+    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "version": 2, "lab": lab, "events": [],
+                              "notebook": None, "observations": None, "files": {}, "error": None}
+    nb = nbformat.read(folder / name, as_version=4)
+    probe_dir = job_dir / "observations"
+    probe_dir.mkdir()
+    # Each autograded cell's probe runs right after it, in the same kernel: answers are read where
+    # the cell's own tests read them, and a kernel that dies later keeps what was checked before.
+    autograded = [gid for gid in job.get("autograded", []) if isinstance(gid, str)]
+    # A first probe with nothing to check records the kernel as it starts, before any student code.
+    cells = [new_code_cell(harness.cell_source(lab, int(job["seed"]), str(probe_dir / "start.json"), []))]
+    probes, seen = [(0, None)], set()
+    for cell in nb.cells:
+        cells.append(cell)
+        gid = grade_id(cell)
+        if gid in autograded and gid not in seen and cell.cell_type == "code":
+            seen.add(gid)
+            out = probe_dir / f"{len(probes) - 1}.json"
+            cells.append(new_code_cell(harness.cell_source(lab, int(job["seed"]), str(out), [gid])))
+            probes.append((len(cells) - 1, gid))
+    nb.cells = cells
+    os.environ.update({**(job.get("env") or {}), "NBGRADER_EXECUTION": "autograde"})
+    executor = SandboxExecute(timeout=int(job["cell_timeout"]), kernel_name="python3",
+                              extra_arguments=["--HistoryManager.hist_file=:memory:"])
     try:
-        nbgrader_api.autograde(course, lab, student, timeout=int(job["cell_timeout"]), env=job.get("env") or {},
-                               config={"Autograde__autograde_preprocessors": preprocessors})
-    except Exception as exc:
+        executor.preprocess(nb, {"metadata": {"path": str(folder)}})
+    except Exception as exc:  # nbclient could not start or talk to the kernel at all
         _kill_stragglers()
         text = str(exc).strip().splitlines()
-        reason = next((line for line in reversed(text) if "Error" in line or "error" in line), text[-1] if text else "")
-        result["error"] = f"nbgrader could not run the notebook ({reason.strip()[:300]})"
-        result["cells"] = _zeros(job["cells"], result["error"])
+        reason = next((line for line in reversed(text) if "rror" in line), text[-1] if text else type(exc).__name__)
+        result["error"] = f"the notebook could not be run ({reason.strip()[:300]})"
         result["events"] = list(_EVENTS)
         return result
-    graded = nbformat.read(nbgrader_api.autograded_notebook(course, lab, student, Path(name).stem), as_version=4)
-    result["cells"] = score_cells(graded, job["cells"])
-    result["events"] = list(_EVENTS) + _error_events(graded)
-    result["notebook"] = nbformat.writes(graded)
-    result["files"] = results_files(course / "autograded" / student / lab, lab)
+    for index, gid in reversed(probes):
+        probe_cell = nb.cells.pop(index)
+        error = first_error(probe_cell)
+        if error and error[0] not in ("NotRun", "stderr"):
+            _EVENTS.append({"cell": index, "grade_id": gid, "event": f"the grader could not read your answers "
+                            f"after this cell ({error[0]}: {error[1]})"[:300]})
+    result["observations"] = read_observations(probe_dir, len(probes) - 1)
+    CapOutput().preprocess(nb, {})
+    result["events"] = list(_EVENTS) + _error_events(nb)
+    result["notebook"] = nbformat.writes(nb)
+    result["files"] = results_files(folder, lab)
     return result
+
+
+# The probes' observations are small data (outputs on small inputs); more than this is not read.
+OBSERVATIONS_CAP_BYTES = 8 * 1024 * 1024
+
+
+def read_observations(folder: Path, count: int) -> dict[str, Any]:
+    """The probes' files (0.json ... count-1.json) merged: {"schema", "cells": {grade_id: ...},
+    "kernel": the last kernel state}. A missing, oversized or malformed file adds nothing."""
+    from perflab.grading.harness import OBSERVATIONS_SCHEMA
+
+    merged: dict[str, Any] = {"schema": OBSERVATIONS_SCHEMA, "version": 1, "cells": {}, "kernel": None,
+                              "kernel_start": None}
+    budget = OBSERVATIONS_CAP_BYTES
+    for i in ["start", *range(count)]:
+        path = folder / f"{i}.json"
+        try:
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > budget:
+                continue
+            budget -= path.stat().st_size
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if i == "start" and isinstance(doc, dict):
+            merged["kernel_start"] = doc.get("kernel")
+        elif isinstance(doc, dict) and isinstance(doc.get("cells"), dict):
+            merged["cells"].update({k: v for k, v in doc["cells"].items() if isinstance(k, str)})
+            merged["kernel"] = doc.get("kernel")
+    return merged
 
 
 # The results file a graded notebook wrote (results/<lab>.json), sent up for the student's report.
@@ -359,14 +352,7 @@ def results_files(folder: Path, lab: str) -> dict[str, str]:
     return {}
 
 
-def _zeros(expected: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
-    return [{"grade_id": c["grade_id"], "max_score": float(c["max_score"]), "score": 0.0,
-             "needs_manual_grade": False, "error": reason, "verdict": None} for c in expected]
-
-
 def _error_events(nb: Any) -> list[dict[str, Any]]:
-    from perflab.grading.checks import grade_id
-
     out = []
     for index, cell in enumerate(nb.cells, start=1):
         if cell.cell_type != "code":
@@ -383,7 +369,7 @@ def main(argv: list[str]) -> int:
     fd = int(os.environ.get("PERFLAB_RESULT_FD", "1"))
     job_dir = Path(argv[0]).resolve()
     try:
-        result = grade(job_dir)
+        result = run(job_dir)
     except BaseException as exc:  # the parent still gets a reason, whatever happened here
         result = {"schema": RESULT_SCHEMA, "version": 1, "error": f"the grading process failed: "
                   f"{type(exc).__name__}: {exc}"[:500], "trace": traceback.format_exc()[-4000:]}

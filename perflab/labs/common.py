@@ -156,8 +156,18 @@ def inconclusive_policy() -> str:
 
 
 def accepted(outcome: str) -> bool:
-    """Whether a verification outcome earns the cell's points under the instructor's policy."""
-    return outcome == "pass" or (outcome == "inconclusive" and inconclusive_policy() == "credit")
+    """Whether a verification outcome earns the cell's points under the instructor's policy. In the
+    grading kernel a verification is "deferred": the grader re-measures it in its own process."""
+    return outcome in ("pass", "deferred") or (outcome == "inconclusive" and inconclusive_policy() == "credit")
+
+
+DEFERRED_REASON = ("not measured in this kernel: the grader re-measures your exported choice in its own process "
+                   "after the notebook ran, against the bar it loads")
+
+
+def in_grading_kernel() -> bool:
+    """Whether this process is a notebook kernel the autograder runs (whose verdicts count for nothing)."""
+    return os.environ.get("NBGRADER_EXECUTION") == "autograde"
 
 
 class FakeClock:
@@ -174,31 +184,55 @@ class FakeClock:
 
 
 def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, claim: float | None = None,
-                       max_pairs: int | None = None, max_seconds: float | None = None) -> tuple[Any, Any]:
+                       max_pairs: int | None = None, max_seconds: float | None = None,
+                       runner: Any = None) -> tuple[Any, Any]:
     """Re-measure `candidate` against `baseline` in a fresh interpreter (`perflab.verify.verify`),
     held to the bar calibrated for this hardware under `expectation_name`, inside the grading
     machine's timing lock. `max_pairs` caps the protocol's pairs (None: its own budget; the tiny
-    mode's cap), `max_seconds` the timed seconds with it (default 30).
+    mode's cap), `max_seconds` the timed seconds with it (default 30). `runner` runs the verify child
+    (default: a local process; the grader passes its sandbox for a candidate of student code).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
     from perflab.grading.timelock import timed_section
-    from perflab.verify import Budget, load_expectation, verify
+    from perflab.verify import Budget, Verdict, load_expectation, verify
 
     expectation = load_expectation(expectation_name)
+    if in_grading_kernel():
+        return Verdict("deferred", "deferred", DEFERRED_REASON, expectation.threshold, claim=claim), expectation
     budget = None
     if max_pairs is not None:
         budget = Budget(max_pairs=max_pairs, max_timed_seconds=max_seconds or 30.0)
     with timed_section():
-        verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget)
+        verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget,
+                         **({"runner": runner} if runner is not None else {}))
     return verdict, expectation
 
 
+def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
+    """A verdict as the grade table records it (an error counts as a fail)."""
+    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
+    return {"name": expectation.name, "verdict": outcome, "speedup": verdict.speedup,
+            "ci": list(verdict.ci) if verdict.ci is not None else None, "claimed": verdict.claim,
+            "hardware_class": expectation.hardware_class, "reason": verdict.reason}
+
+
+def mark_of(verdict: Any, expectation: Any) -> Any:
+    """The grader's mark for a re-measured speedup: full points when the instructor's policy accepts
+    the outcome, with the verdict's record and reason."""
+    from perflab.grading.judging import Mark
+
+    record = verdict_record(verdict, expectation)
+    earned = accepted(record["verdict"])
+    message = f"{record['verdict']}: {verdict.reason}" if verdict.reason else record["verdict"]
+    return Mark(1.0 if earned else 0.0, message, record)
+
+
 def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show a verdict's record to the autograder (and the student) and return it; an error counts as
-    a fail."""
+    """Show a verdict's record to the student in the notebook and return it; an error counts as a fail."""
     from perflab.grading.timelock import report_verdict
 
-    outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return report_verdict(expectation.name, outcome, speedup=verdict.speedup, ci=verdict.ci, claimed=verdict.claim,
-                          hardware_class=expectation.hardware_class, reason=verdict.reason)
+    record = verdict_record(verdict, expectation)
+    return report_verdict(record["name"], record["verdict"], speedup=record["speedup"], ci=record["ci"],
+                          claimed=record["claimed"], hardware_class=record["hardware_class"],
+                          reason=record["reason"])

@@ -278,15 +278,36 @@ def epochs_of(loader: Iterable[Any], epochs: int) -> list[list[list[int]]]:
     return out
 
 
-def loader_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, num_workers: int = 0,
-                    *, seed: int = 0, epochs: int = 2, **options: Any) -> list[str]:
-    """Does `make_loader` over IndexData(size) give every sample once per epoch, in full batches but the last?"""
-    where = f"make_loader(IndexData({size}), batch_size={batch_size}, num_workers={num_workers}, seed={seed}" + (
-        "".join(f", {k}={v!r}" for k, v in options.items()) + ")")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. "more workers than cores": the tests sweep past the core count
-        loader = make_loader(IndexData(size), batch_size, num_workers, seed=seed, **options)
-        seen = epochs_of(loader, epochs)
+def _where(size: int, batch_size: int, num_workers: int, seed: int, options: dict[str, Any]) -> str:
+    return (f"make_loader(IndexData({size}), batch_size={batch_size}, num_workers={num_workers}, seed={seed}"
+            + "".join(f", {k}={v!r}" for k, v in options.items()) + ")")
+
+
+def observe_epochs(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, num_workers: int = 0,
+                   *, seed: int = 0, epochs: int = 2, **options: Any) -> dict[str, Any]:
+    """What `make_loader` over IndexData(size) yields over `epochs` passes, as data: {"epochs": [[batch
+    indices]]}, or {"raised": type, "message": ...} when it fails."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "more workers than cores": the tests sweep past the core count
+            loader = make_loader(IndexData(size), batch_size, num_workers, seed=seed, **options)
+            return {"epochs": epochs_of(loader, epochs)}
+    except Exception as exc:  # the student's loader may fail in any way: that is an answer too
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+
+
+def epochs_problems(observed: Any, size: int, batch_size: int, num_workers: int = 0, *, seed: int = 0,
+                    epochs: int = 2, **options: Any) -> list[str]:
+    """What is wrong with a loader's observed epochs (`observe_epochs`): every sample once per epoch,
+    in full batches but the last."""
+    where = _where(size, batch_size, num_workers, seed, options)
+    if not isinstance(observed, dict) or "epochs" not in observed:
+        raised = observed.get("raised", "no result") if isinstance(observed, dict) else "no result"
+        message = observed.get("message", "") if isinstance(observed, dict) else ""
+        return [f"{where} raised {raised}: {message}".rstrip(": ")]
+    seen = observed["epochs"]
+    if not isinstance(seen, list) or len(seen) != epochs:
+        return [f"{where}: expected {epochs} epochs of batches"]
     problems = []
     full, ragged = divmod(size, batch_size)
     expected_sizes = [batch_size] * full + ([ragged] if ragged else [])
@@ -303,25 +324,57 @@ def loader_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_
     return problems
 
 
-def order_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, *, seed: int = 0,
-                   workers: Iterable[int] = (0, 2), epochs: int = 3) -> list[str]:
-    """Is the order shuffled, new each epoch, fixed by the seed, and the same for every loader setting?"""
+def loader_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, num_workers: int = 0,
+                    *, seed: int = 0, epochs: int = 2, **options: Any) -> list[str]:
+    """Does `make_loader` over IndexData(size) give every sample once per epoch, in full batches but the last?"""
+    observed = observe_epochs(make_loader, size, batch_size, num_workers, seed=seed, epochs=epochs, **options)
+    return epochs_problems(observed, size, batch_size, num_workers, seed=seed, epochs=epochs, **options)
+
+
+def order_settings(workers: Iterable[int]) -> list[tuple[int, dict[str, Any]]]:
+    """The loader settings whose orders `observe_orders` compares: no workers, then each count plain and tuned."""
     settings: list[tuple[int, dict[str, Any]]] = [(0, {})]
     for n in workers:
         if n > 0:
             settings += [(n, {}), (n, {"persistent_workers": True, "prefetch_factor": 3})]
-    orders = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for n, opts in settings:
-            loader = make_loader(IndexData(size), batch_size, n, seed=seed, **opts)
-            orders.append([[i for b in epoch for i in b] for epoch in epochs_of(loader, epochs)])
-        again = make_loader(IndexData(size), batch_size, 0, seed=seed)
-        repeat = [[i for b in epoch for i in b] for epoch in epochs_of(again, 1)]
-        other = make_loader(IndexData(size), batch_size, 0, seed=seed + 1)
-        other_order = [[i for b in epoch for i in b] for epoch in epochs_of(other, 1)]
+    return settings
+
+
+def observe_orders(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, *, seed: int = 0,
+                   workers: Iterable[int] = (0, 2), epochs: int = 3) -> dict[str, Any]:
+    """The sample orders of every `order_settings` loader over `epochs` passes, of a second loader with the
+    same seed and of one with the next seed (one pass each), as data."""
+    def order(loader: Iterable[Any], n: int) -> list[list[int]]:
+        return [[i for b in epoch for i in b] for epoch in epochs_of(loader, n)]
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            orders = [order(make_loader(IndexData(size), batch_size, n, seed=seed, **opts), epochs)
+                      for n, opts in order_settings(workers)]
+            repeat = order(make_loader(IndexData(size), batch_size, 0, seed=seed), 1)
+            other = order(make_loader(IndexData(size), batch_size, 0, seed=seed + 1), 1)
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return {"orders": orders, "repeat": repeat, "other": other}
+
+
+def orders_problems(observed: Any, size: int, *, seed: int = 0, workers: Iterable[int] = (0, 2),
+                    epochs: int = 3) -> list[str]:
+    """Is the observed order (`observe_orders`) shuffled, new each epoch, fixed by the seed, and the same
+    for every loader setting?"""
+    if not isinstance(observed, dict) or "orders" not in observed:
+        raised = observed.get("raised", "no result") if isinstance(observed, dict) else "no result"
+        message = observed.get("message", "") if isinstance(observed, dict) else ""
+        return [f"make_loader(IndexData({size}), ..., seed={seed}) raised {raised}: {message}".rstrip(": ")]
+    settings = order_settings(workers)
+    orders, repeat, other_order = observed["orders"], observed["repeat"], observed["other"]
+    if len(orders) != len(settings) or any(len(o) != epochs for o in orders) or not repeat or not other_order:
+        return [f"seed {seed}: the loaders did not yield {epochs} epochs each"]
     problems = []
     first = orders[0]
+    if sorted(first[0]) != list(range(size)):
+        problems.append(f"seed {seed}: the first epoch does not hold every sample exactly once")
     if first[0] == list(range(size)):
         problems.append(f"seed {seed}: the first epoch is in dataset order; shuffle it")
     if len({tuple(o) for o in first}) < len(first):
@@ -338,6 +391,13 @@ def order_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_s
                                 "every loader setting must consume the same samples in the same order")
                 break
     return problems
+
+
+def order_problems(make_loader: Callable[..., Iterable[Any]], size: int, batch_size: int, *, seed: int = 0,
+                   workers: Iterable[int] = (0, 2), epochs: int = 3) -> list[str]:
+    """Is the order shuffled, new each epoch, fixed by the seed, and the same for every loader setting?"""
+    observed = observe_orders(make_loader, size, batch_size, seed=seed, workers=workers, epochs=epochs)
+    return orders_problems(observed, size, seed=seed, workers=workers, epochs=epochs)
 
 
 def check_best(best: Any, mode: str | None = None) -> None:
@@ -400,3 +460,166 @@ def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None 
     s = sizes(mode)
     return verify_against_bar(baseline_config(mode), best, EXPECTATION, claim=claim,
                               max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
+# calls the student's answers on inputs drawn from the grader's seed and returns the raw outputs;
+# the grader-only judges (perflab/labs/hidden/lab02.py) draw the same inputs and decide.
+
+VISIBLE_LOADER_CASES = ((20, 4, 0), (23, 5, 0), (23, 5, 2), (3, 8, 0))
+VISIBLE_ORDER_CASE = (24, 5, 3, (2,))  # size, batch, seed, workers
+
+
+def make_loader_cases(seed: int) -> list[tuple[int, int, int, int, dict[str, Any]]]:
+    """(size, batch, workers, loader seed, options): fixed edge cases, then random sizes, batches
+    (most with a ragged last batch) and worker counts drawn from `seed`."""
+    import random
+
+    rng = random.Random(seed)
+    fixed: list[tuple[int, int, int, dict[str, Any]]] = [
+        (1, 1, 0, {}), (17, 17, 0, {}), (5, 8, 1, {}), (31, 4, 3, {}),
+        (29, 6, 2, {"persistent_workers": True, "prefetch_factor": 1}),
+        (13, 4, 0, {"persistent_workers": True, "prefetch_factor": 4, "pin_memory": True}),
+    ]
+    for _ in range(5):
+        size, batch = rng.randint(5, 90), rng.randint(2, 12)
+        fixed.append((size + (size % batch == 0), batch, rng.randint(0, 3), {}))
+    return [(size, batch, workers, rng.randint(0, 10_000), options) for size, batch, workers, options in fixed]
+
+
+def order_cases(seed: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """(size, batch, loader seed, workers): the visible case, then two drawn from `seed`."""
+    import random
+
+    rng = random.Random(seed)
+    cases = [VISIBLE_ORDER_CASE]
+    for _ in range(2):
+        cases.append((rng.randint(12, 40), rng.randint(2, 7), rng.randint(0, 999), (1, 3)))
+    return cases
+
+
+def data_wait_cases(seed: int) -> list[dict[str, Any]]:
+    """Scripted loaders on a fake clock: startup, per-batch delays, step costs, batch sizes, steps, clock
+    start. The first is the visible test's; delays are multiples of 2**-10, exact in binary."""
+    import random
+
+    rng = random.Random(seed)
+    cases = [{"start": 100.0, "startup": 0.5, "delays": [0.25, 0.125, 0.125], "costs": [1.0, 1.0, 0.5],
+              "sizes": [8, 8, 3], "steps": 3}]
+    for _ in range(5):
+        n = rng.randint(1, 12)
+        cases.append({"start": rng.uniform(0, 1e6), "delays": [rng.randint(0, 2000) / 1024 for _ in range(n)],
+                      "costs": [rng.randint(1, 2000) / 1024 for _ in range(n)],
+                      "sizes": [rng.randint(1, 64) for _ in range(n)], "startup": rng.randint(0, 4000) / 1024,
+                      "steps": rng.randint(1, n)})
+    return cases
+
+
+DATA_WAIT_BAD_STEPS = ((0, 1), (-3, 1), (3, 2))  # (steps, batches available): each must raise ValueError
+# A loader that sleeps this long per batch and a step that sleeps this long: the wall clock must see both.
+SLOW_LOADER_S, SLOW_STEP_S = 0.06, 0.01
+
+
+def _data_wait_fields(got: Any) -> dict[str, Any]:
+    if not isinstance(got, DataWait):
+        return {"type": type(got).__name__}
+    return {"type": "DataWait", "startup": got.startup, "wait": list(got.wait), "compute": list(got.compute),
+            "sizes": list(got.sizes), "share": got.share()}
+
+
+def observe_data_wait(measure_data_wait: Callable[..., Any], case: dict[str, Any]) -> dict[str, Any]:
+    clock = FakeClock(start=case["start"])
+    batches = ScriptedBatches(clock, case["startup"], case["delays"], case["sizes"])
+    try:
+        got = measure_data_wait(batches, scripted_step(clock, case["costs"]), case["steps"], clock=clock)
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return {**_data_wait_fields(got), "iterations": batches.iterations}
+
+
+def pick_workers_cases(seed: int) -> list[tuple[dict[int, float], float | None]]:
+    """(sweep, tolerance or None for the default): the visible cases, then 30 random sweeps."""
+    import random
+
+    rng = random.Random(seed)
+    cases: list[tuple[dict[int, float], float | None]] = [
+        ({0: 100.0, 1: 180.0, 2: 200.0, 4: 205.0}, None), ({0: 100.0, 1: 99.0, 2: 60.0}, None),
+        ({4: 50.0, 2: 50.0}, None)]
+    for _ in range(30):
+        sweep = {n: rng.uniform(10, 1000) for n in rng.sample(range(17), rng.randint(1, 6))}
+        cases.append((sweep, rng.choice([0.0, 0.02, 0.05, 0.2])))
+        cases.append((sweep, None))
+    return cases
+
+
+PICK_WORKERS_BAD = ({}, {-1: 10.0}, {1: 0.0}, {1: float("nan")}, {2: -5.0})
+
+
+def _probe_loader_visible(answers: Any, seed: int) -> list[dict[str, Any]]:
+    fn = answers["make_loader"]
+    return [observe_epochs(fn, *case) for case in VISIBLE_LOADER_CASES]
+
+
+def _probe_loader_random(answers: Any, seed: int) -> list[dict[str, Any]]:
+    fn = answers["make_loader"]
+    return [observe_epochs(fn, size, batch, workers, seed=s, **opts)
+            for size, batch, workers, s, opts in make_loader_cases(seed)]
+
+
+def _probe_loader_order(answers: Any, seed: int) -> list[dict[str, Any]]:
+    fn = answers["make_loader"]
+    return [observe_orders(fn, size, batch, seed=s, workers=workers) for size, batch, s, workers in order_cases(seed)]
+
+
+def _probe_data_wait(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
+    import time
+
+    from perflab.grading.probing import outcome
+
+    fn = answers["measure_data_wait"]
+    cases = data_wait_cases(seed)[:1] if visible else data_wait_cases(seed)
+    out: dict[str, Any] = {"cases": [observe_data_wait(fn, case) for case in cases]}
+    if visible:
+        return out
+    one = [(torch.zeros(2), torch.zeros(2))]
+    out["bad"] = [outcome(fn, one * available, lambda batch: None, steps) for steps, available in DATA_WAIT_BAD_STEPS]
+
+    def slow_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(2):
+            time.sleep(SLOW_LOADER_S)
+            yield torch.zeros(4), torch.zeros(4)
+
+    try:
+        out["wall"] = _data_wait_fields(fn(slow_batches(), lambda batch: time.sleep(SLOW_STEP_S), 2))
+    except Exception as exc:
+        out["wall"] = {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return out
+
+
+def _probe_pick_workers(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import outcome
+
+    fn = answers["pick_workers"]
+    picked = [outcome(fn, sweep) if tol is None else outcome(fn, sweep, tol) for sweep, tol in pick_workers_cases(seed)]
+    return {"picked": picked, "bad": [outcome(fn, dict(bad)) for bad in PICK_WORKERS_BAD]}
+
+
+def _probe_best(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import encode
+
+    best = answers["BEST"]
+    config = best.to_dict() if isinstance(best, TrainConfig) else None
+    return {"type": type(best).__name__, "config": config, "claim": encode(answers.get("CLAIM"))}
+
+
+PROBES = {
+    "test_make_loader_visible": _probe_loader_visible,
+    "test_make_loader_random": _probe_loader_random,
+    "test_make_loader_order": _probe_loader_order,
+    "test_measure_data_wait_visible": lambda answers, seed: _probe_data_wait(answers, seed, True),
+    "test_measure_data_wait_hidden": lambda answers, seed: _probe_data_wait(answers, seed, False),
+    "test_pick_workers": _probe_pick_workers,
+    "test_best_samples": _probe_best,
+    "test_best_verified": _probe_best,
+}

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from perflab.verify.candidates import Side
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("pass", "fail", "inconclusive", "error")
+OUTCOMES = ("pass", "fail", "inconclusive", "error", "deferred")
 # Wall-time limit of one verification: the timing budget (20 s) plus building both sides and their
 # warm-up, which on a 2-core CPU includes up to ~2 minutes of torch.compile for ResNet-18.
 TIME_LIMIT_SECONDS = 300.0
@@ -53,7 +54,8 @@ STDERR_TAIL = 400
 class Verdict:
     """What a verification concluded, with the raw block times it concluded from.
 
-    outcome      pass | fail | inconclusive | error
+    outcome      pass | fail | inconclusive | error | deferred (not measured here: in the grading
+                 kernel the grader re-measures the exported choice itself, after the notebook ran)
     code         a named reason: "faster" / "not_faster" / "undecided" when measured, else the check
                  that stopped it ("loss_mismatch", "clock_tampered", "timeout", ...)
     reason       one or two sentences a student can read
@@ -226,7 +228,7 @@ def _default_memory_limit(baseline: Side, candidate: Side) -> int | None:
 def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | None = None,
            budget: decide.Budget | None = None, seed: int = 0, threads: int | None = None,
            time_limit: float = TIME_LIMIT_SECONDS, memory_limit: int | None | str = "auto",
-           hashes: dict[str, str] | None = None) -> Verdict:
+           hashes: dict[str, str] | None = None, runner: Callable[..., Any] | None = None) -> Verdict:
     """Re-measure `candidate` against perflab's reference `baseline` in a fresh interpreter; a `Verdict`.
 
     baseline     a `TrainConfig` or `Side.reference(...)`: always perflab's code, never the student's
@@ -234,6 +236,7 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     expectation  the speedup the candidate must clear (see `load_expectation`)
     claim        the student's own figure, checked against the re-measured CI
     hashes       perflab's file hashes the child must find (default: `guard.expected_hashes()`)
+    runner       runs the child job like `run_child` (the grader passes its sandbox; default: a local process)
     """
     base_side = _as_side(baseline, "baseline")
     cand_side = _as_side(candidate, "candidate")
@@ -251,7 +254,7 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
            "budget": budget.to_dict(), "baseline": base_side.to_dict(), "candidate": cand_side.to_dict(),
            "hashes": hashes if hashes is not None else guard.expected_hashes()}
     log.info("verifying %s against %s (bar %.2fx)", cand_side.label, base_side.label, expectation)
-    result, why, wall = run_child(job, time_limit=time_limit, memory_limit=memory_limit)  # type: ignore[arg-type]
+    result, why, wall = (runner or run_child)(job, time_limit=time_limit, memory_limit=memory_limit)  # type: ignore[arg-type]
     common = {"expectation": expectation, "claim": claim, "seed": seed, "elapsed_seconds": wall,
               "baseline": base_side.label, "candidate": cand_side.label}
     if result is None:

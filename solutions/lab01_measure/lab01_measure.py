@@ -139,7 +139,7 @@ print("visible tests passed:", {k: round(v, 6) for k, v in result.items() if k !
 # Hidden tests: random warm-ups, repeats and durations on the fake device, and bad arguments.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_time_callable(time_callable, seed=101)
+hidden01.check("time_callable_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -289,16 +289,14 @@ print("visible tests passed")
 # each compared with what FlopCounterMode counts; parameter counts against the real tensors.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_conv2d_flops(conv2d_flops, seed=202)
-hidden01.check_linear_flops(linear_flops, seed=202)
-hidden01.check_param_counts(conv2d_params, linear_params, seed=202)
+hidden01.check("counting_hidden_layers", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "counting_hidden_model", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: ResNet-18 with a random number of classes at a random input size, and a small CNN.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_model_flops(model_forward_flops, seed=203)
+hidden01.check("counting_hidden_model", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -407,7 +405,7 @@ print("visible tests passed:", budget)
 # against perflab.memory's measurement (the optimizer state from a real step).
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_memory_budget(training_memory_budget, seed=303)
+hidden01.check("memory_budget_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -483,7 +481,7 @@ print("visible tests passed")
 # Hidden tests: a random call tree; rows, numbers and order against pstats.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_top_by_cumulative(top_by_cumulative, seed=404)
+hidden01.check("top_by_cumulative_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -569,7 +567,7 @@ print(f"slowest line: {source[slowest.lineno - first].strip()!r}: {slowest.share
 # Hidden tests: a function with one planted slow line, profiled by line_profiler.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_slowest_line(slowest_line, seed=505)
+hidden01.check("slowest_line_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -650,7 +648,7 @@ print(f"the leak allocates at line {lineno}: {leak_source[lineno - leak_first].s
 # Hidden tests: functions you have not seen, each keeping what one of its lines allocates.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_find_leak(find_leak, seed=606)
+hidden01.check("find_leak_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "preprocess_fixed_check", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -773,7 +771,7 @@ print("visible tests passed; label events in the trace:", label_counts)
 # Hidden tests: your profile_training on the grading machine with a random number of active steps.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_profile_training(profile_training, lab01.lab_config(), seed=707)
+hidden01.check("profile_training_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -860,8 +858,7 @@ print("visible tests passed")
 # Hidden tests: random convolutions at 2 and 4 bytes per element; random layers on random devices.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_conv2d_bytes(conv2d_bytes, seed=808)
-hidden01.check_roofline_verdict(roofline_verdict, seed=808)
+hidden01.check("roofline_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -952,7 +949,7 @@ print("visible tests passed")
 # Hidden tests: random phase times and layers, away from the thresholds.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_bottleneck_rule(bottleneck_verdict, seed=909)
+hidden01.check("bottleneck_rule_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "bottleneck_here", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -960,7 +957,7 @@ hidden01.check_bottleneck_rule(bottleneck_verdict, seed=909)
 # verdict on its numbers against its own.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab01 as hidden01
-hidden01.check_bottleneck_here(bottleneck_verdict, lab01.lab_config())
+hidden01.check("bottleneck_here", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -129,7 +129,7 @@ print("make_loader: every sample exactly once per epoch, ragged last batch kept"
 # Hidden tests: random data set sizes, batch sizes (a ragged last batch) and worker counts, and the options.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
-hidden02.check_make_loader(make_loader, seed=202)
+hidden02.check("test_make_loader_random", globals())
 ### END HIDDEN TESTS
 print("make_loader: randomised sizes, batches and worker counts")
 
@@ -139,7 +139,7 @@ problems = lab02.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
-hidden02.check_loader_order(make_loader, seed=303)
+hidden02.check("test_make_loader_order", globals())
 ### END HIDDEN TESTS
 print("make_loader: same shuffled order for every loader setting")
 
@@ -209,7 +209,7 @@ print(result.describe())
 # Hidden tests: random scripted loaders on a fake clock, the errors, and the real wall clock.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
-hidden02.check_measure_data_wait(measure_data_wait, seed=404)
+hidden02.check("test_measure_data_wait_hidden", globals())
 ### END HIDDEN TESTS
 print("measure_data_wait: exact against a scripted clock")
 
@@ -345,7 +345,7 @@ assert pick_workers({0: 100.0, 1: 99.0, 2: 60.0}) == 0
 assert pick_workers({4: 50.0, 2: 50.0}) == 2
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
-hidden02.check_pick_workers(pick_workers, seed=505)
+hidden02.check("test_pick_workers", globals())
 ### END HIDDEN TESTS
 print("pick_workers: visible tests passed")
 

@@ -1,22 +1,22 @@
-"""Lab 01's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 01's judges: the grader's decision on every autograded cell, from the observations the lab's
+probes (`perflab.labs.lab01.PROBES`) returned, and the reference answers they compare against.
+Grader-only: the student bundle and the grading sandbox leave this module out.
 
-The hidden test cells of `solutions/lab01_measure` import this module inside their `BEGIN HIDDEN
-TESTS` blocks and call the `check_*` functions below with the student's functions: random cases
-drawn from a seed, AssertionError on the first problem. The contract they check is stated in
-`perflab/labs/lab01.py`.
+Each judge draws the probe's inputs again from the grader's seed with the public case generators of
+`perflab/labs/lab01.py`, computes the reference answer here (FlopCounterMode, perflab.memory,
+perflab.roofline, the grader's own measurement of the training step) and compares: AssertionError on
+the first problem, its message the student's feedback line. `JUDGES` maps grade ids to judges;
+`perflab.grading.judging` runs them in the grading parent, and a solution notebook's hidden blocks
+run probe and judge in-process with `check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import cProfile
 import math
-import pstats
-import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,15 +24,19 @@ import torch
 from torch import nn
 
 from perflab import diagnose
+from perflab.grading.judging import Context, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab01
 from perflab.labs.lab01 import (
     COPY_SHARE,
     DATA_SHARE,
     MEMORY_TIME_SHARE,
-    PHASE_LABELS,
-    FakeDevice,
-    FunctionRow,
-    LineTiming,
-    check_trace,
+    RIDGE_GRID,
+    TIMER_BAD_ARGS,
+    VISIBLE_LINES_SEED,
+    VISIBLE_PROFILE_SEED,
+    VISIBLE_ROOFLINE,
+    VISIBLE_TIMER,
 )
 
 # Relative tolerance on activation bytes: storages saved for backward can be counted with or
@@ -44,53 +48,97 @@ SHARE_MARGIN = 0.05
 MEMORY_SHARE_MARGIN = 0.10
 
 
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab01.LAB, grade_id, namespace, seed)
+
+
 def _close(a: float, b: float, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
     return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
 
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Library warnings in a check must not reach stderr (nbgrader scores a cell that writes stderr 0)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
 
 
-def check_time_callable(time_callable: Callable[..., dict[str, Any]], seed: int = 0, cases: int = 5) -> None:
-    """Randomised checks of a student's `time_callable` against a `FakeDevice`."""
-    rng = np.random.default_rng(seed)
-    for case in range(cases):
-        warmup, repeats = int(rng.integers(0, 6)), int(rng.integers(5, 41))
-        launch = float(rng.uniform(0, 2e-5))
-        durations = rng.lognormal(mean=-7, sigma=0.6, size=warmup + repeats).tolist()
-        dev = FakeDevice(launch)
-        result = time_callable(dev.work(durations), warmup=warmup, repeats=repeats,
-                               clock=dev.clock, sync=dev.sync)
-        where = f"case {case} (warmup={warmup}, repeats={repeats})"
-        assert dev.calls == warmup + repeats, f"{where}: fn was called {dev.calls} times, expected {warmup + repeats}"
-        samples = list(result["samples"])
-        assert len(samples) == repeats, f"{where}: {len(samples)} samples, expected one per timed call"
-        expected = [launch + d for d in durations[warmup:]]
-        for i, (got, want) in enumerate(zip(samples, expected, strict=True)):
-            assert _close(got, want), (
-                f"{where}: sample {i} is {got:.3e} s, the call took {want:.3e} s "
-                "(did you sync before reading the clock, and after the warm-up?)")
-        want_stats = {"median": np.percentile(expected, 50), "p95": np.percentile(expected, 95),
-                      "p99": np.percentile(expected, 99)}
-        p25, p75 = np.percentile(expected, [25, 75])
-        want_stats["spread"] = (p75 - p25) / want_stats["median"]
-        for key, want in want_stats.items():
-            assert key in result, f"{where}: the result has no {key!r}"
-            assert _close(result[key], want), f"{where}: {key} is {result[key]!r}, expected {want!r}"
-    for bad in ({"warmup": -1, "repeats": 3}, {"warmup": 0, "repeats": 0}):
-        try:
-            time_callable(lambda: None, **bad)
-        except ValueError:
-            continue
-        raise AssertionError(f"time_callable({bad}) should raise ValueError")
-    plain = time_callable(lambda: sum(range(100)), warmup=1, repeats=3)
-    assert len(plain["samples"]) == 3 and all(s >= 0 for s in plain["samples"]), \
+def _list(observed: Any, count: int, what: str = "case") -> list[Any]:
+    assert isinstance(observed, list) and len(observed) == count, f"the probe returned no result for every {what}"
+    return observed
+
+
+def _value(got: Any, call: str) -> Any:
+    """The value of an `outcome` record (AssertionError naming the call when it raised)."""
+    assert isinstance(got, dict), f"{call}: no result"
+    if "raised" in got:
+        raise AssertionError(f"{call} raised {got['raised']}: {got.get('message', '')}")
+    assert "value" in got, f"{call}: no result"
+    return got["value"]
+
+
+def _number(value: Any, what: str) -> float:
+    number = decode_float(value)
+    assert number is not None, f"{what}: expected a number, got {value!r:.80}"
+    return number
+
+
+def _integer(value: Any, what: str) -> int:
+    number = _number(value, what)
+    assert math.isfinite(number), f"{what}: expected a whole number, got {value!r:.80}"
+    return int(value) if isinstance(value, int) else int(number)
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 1: the timer
+
+
+def _expect_timer(observed: Any, case: dict[str, Any], where: str) -> None:
+    assert isinstance(observed, dict), f"{where}: no result"
+    warmup, repeats = case["warmup"], case["repeats"]
+    result = _value(observed.get("result"), f"{where}: time_callable")
+    calls, trace = observed.get("calls"), str(observed.get("trace", ""))
+    assert calls == warmup + repeats, f"{where}: fn was called {calls} times, expected {warmup + repeats}"
+    assert isinstance(result, dict), f"{where}: time_callable should return a dict, got {result!r:.80}"
+    samples = result.get("samples")
+    assert isinstance(samples, list) and len(samples) == repeats, (
+        f"{where}: {len(samples) if isinstance(samples, list) else 'no'} samples, expected one per timed call")
+    expected = [case["launch"] + d for d in case["durations"][warmup:]]
+    no_sync = "s" not in trace
+    for i, (got, want) in enumerate(zip(samples, expected, strict=True)):
+        value = _number(got, f"{where}: sample {i}")
+        hint = "you never called sync()" if no_sync else "did you sync before reading the clock, and after the warm-up?"
+        assert _close(value, want), f"{where}: sample {i} is {value:.3e} s, the call took {want:.3e} s ({hint})"
+    p25, median, p75, p95, p99 = np.percentile(expected, [25, 50, 75, 95, 99])
+    want_stats = {"median": median, "p95": p95, "p99": p99, "spread": (p75 - p25) / median}
+    for key, want in want_stats.items():
+        assert key in result, f"{where}: the result has no {key!r}"
+        value = _number(result[key], f"{where}: {key}")
+        assert _close(value, want), f"{where}: {key} is {value!r}, expected {float(want)!r}"
+
+
+def judge_timer_visible(observed: Any, ctx: Context) -> None:
+    case = VISIBLE_TIMER
+    _expect_timer(observed, case, f"warmup={case['warmup']}, repeats={case['repeats']}")
+
+
+def judge_timer_hidden(observed: Any, ctx: Context) -> None:
+    cases = lab01.timer_cases(ctx.seed)
+    for i, (case, got) in enumerate(zip(cases, _list(observed.get("cases"), len(cases)), strict=True)):
+        _expect_timer(got, case, f"case {i} (warmup={case['warmup']}, repeats={case['repeats']})")
+    for args, got in zip(TIMER_BAD_ARGS, _list(observed.get("bad"), len(TIMER_BAD_ARGS)), strict=True):
+        assert isinstance(got, dict) and got.get("raised") == "ValueError", (
+            f"time_callable({args}) should raise ValueError")
+    plain = _value(observed.get("plain"), "time_callable(fn, warmup=1, repeats=3) with the default clock")
+    samples = plain.get("samples") if isinstance(plain, dict) else None
+    assert isinstance(samples, list) and len(samples) == 3 and all(
+        (decode_float(s) or -1.0) >= 0 for s in samples), \
         "with the default clock and no sync, time_callable should still time 3 calls"
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: counting
 
 
 def _flop_counter(module: nn.Module, x: torch.Tensor) -> int:
@@ -101,263 +149,264 @@ def _flop_counter(module: nn.Module, x: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
-def _random_conv(rng: np.random.Generator) -> tuple[nn.Conv2d, tuple[int, int, int, int]]:
-    groups = int(rng.choice([1, 1, 1, 2, 4]))
-    c_in = groups * int(rng.integers(1, 9))
-    c_out = groups * int(rng.integers(1, 9))
-    kernel = (int(rng.integers(1, 6)), int(rng.integers(1, 6)))
-    stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
-    padding = (int(rng.integers(0, 3)), int(rng.integers(0, 3)))
-    dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
-    bias = bool(rng.integers(0, 2))
-    spans = [dilation[i] * (kernel[i] - 1) + 1 - 2 * padding[i] for i in range(2)]
-    h = max(spans[0], 1) + int(rng.integers(0, 20))
-    w = max(spans[1], 1) + int(rng.integers(0, 20))
-    conv = nn.Conv2d(c_in, c_out, kernel, stride, padding, dilation, groups, bias)
-    return conv, (int(rng.integers(1, 4)), c_in, h, w)
+def judge_counting_visible(observed: Any, ctx: Context) -> None:
+    want = {"conv_flops": 2 * 64 * 112 * 112 * 3 * 7 * 7, "conv_params": 64 * 3 * 7 * 7,
+            "linear_flops": 2 * 8 * 512 * 1000, "linear_params": 512 * 1000 + 1000, "model_flops": 3_628_146_688}
+    calls = {"conv_flops": "conv2d_flops(stem, (1, 3, 224, 224))", "conv_params": "conv2d_params(stem)",
+             "linear_flops": "linear_flops(fc, (8, 512))", "linear_params": "linear_params(fc)",
+             "model_flops": "model_forward_flops(resnet18, (1, 3, 224, 224))"}
+    for key, expected in want.items():
+        got = _integer(_value(observed.get(key), calls[key]), calls[key])
+        assert got == expected, f"{calls[key]} gave {got}, expected {expected}"
 
 
-def check_conv2d_flops(conv2d_flops: Callable[..., int], seed: int = 0, cases: int = 25) -> None:
-    """The student's conv FLOPs equal FlopCounterMode's on random convolution shapes."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        conv, shape = _random_conv(rng)
+def judge_counting_layers(observed: Any, ctx: Context) -> None:
+    cases = lab01.counting_cases(ctx.seed)
+    for spec, got in zip(cases["convs"], _list(observed.get("conv_flops"), len(cases["convs"])), strict=True):
+        conv, shape = lab01.build_conv(spec)
         want = _flop_counter(conv, torch.zeros(shape))
-        got = conv2d_flops(conv, shape)
-        assert int(got) == want, f"{conv} on input {shape}: you counted {got} FLOPs, FlopCounterMode counts {want}"
-
-
-def check_linear_flops(linear_flops: Callable[..., int], seed: int = 0, cases: int = 15) -> None:
-    """The student's linear FLOPs equal FlopCounterMode's on random shapes (1 to 3 leading dims)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        linear = nn.Linear(int(rng.integers(1, 64)), int(rng.integers(1, 64)), bias=bool(rng.integers(0, 2)))
-        lead = tuple(int(v) for v in rng.integers(1, 6, size=int(rng.integers(1, 4))))
-        shape = (*lead, linear.in_features)
+        value = _integer(_value(got, f"conv2d_flops({conv}, {shape})"), "conv2d_flops")
+        assert value == want, f"{conv} on input {shape}: you counted {value} FLOPs, FlopCounterMode counts {want}"
+    for spec, got in zip(cases["linears"], _list(observed.get("linear_flops"), len(cases["linears"])), strict=True):
+        linear, shape = lab01.build_linear(spec)
         want = _flop_counter(linear, torch.zeros(shape))
-        got = linear_flops(linear, shape)
-        assert int(got) == want, f"{linear} on input {shape}: you counted {got} FLOPs, FlopCounterMode counts {want}"
-
-
-def check_param_counts(conv2d_params: Callable[[nn.Conv2d], int], linear_params: Callable[[nn.Linear], int],
-                       seed: int = 0, cases: int = 15) -> None:
-    """Closed-form parameter counts equal the layers' real parameter counts."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        conv, _shape = _random_conv(rng)
+        value = _integer(_value(got, f"linear_flops({linear}, {shape})"), "linear_flops")
+        assert value == want, f"{linear} on input {shape}: you counted {value} FLOPs, FlopCounterMode counts {want}"
+    for spec, got in zip(cases["param_convs"], _list(observed.get("conv_params"), len(cases["param_convs"])),
+                         strict=True):
+        conv, _ = lab01.build_conv(spec)
         want = sum(p.numel() for p in conv.parameters())
-        assert int(conv2d_params(conv)) == want, f"{conv}: you counted {conv2d_params(conv)} parameters, it has {want}"
-        linear = nn.Linear(int(rng.integers(1, 300)), int(rng.integers(1, 300)), bias=bool(rng.integers(0, 2)))
+        value = _integer(_value(got, f"conv2d_params({conv})"), "conv2d_params")
+        assert value == want, f"{conv}: you counted {value} parameters, it has {want}"
+    for spec, got in zip(cases["param_linears"], _list(observed.get("linear_params"), len(cases["param_linears"])),
+                         strict=True):
+        linear, _ = lab01.build_linear(spec)
         want = sum(p.numel() for p in linear.parameters())
-        assert int(linear_params(linear)) == want, \
-            f"{linear}: you counted {linear_params(linear)} parameters, it has {want}"
+        value = _integer(_value(got, f"linear_params({linear})"), "linear_params")
+        assert value == want, f"{linear}: you counted {value} parameters, it has {want}"
 
 
-def check_model_flops(model_forward_flops: Callable[..., int], seed: int = 0) -> None:
-    """The student's whole-model FLOPs equal FlopCounterMode's for ResNet-18 and a small random CNN."""
-    import torchvision
-
-    rng = np.random.default_rng(seed)
-    side = int(rng.choice([32, 48, 64, 96]))
-    shape = (int(rng.integers(1, 4)), 3, side, side)
-    models = [torchvision.models.resnet18(weights=None, num_classes=int(rng.integers(2, 200)))]
-    width = int(rng.integers(4, 17))
-    models.append(nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, 2 * width, 3, stride=2, groups=width),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, int(rng.integers(2, 20)))))
-    for model in models:
+def judge_counting_model(observed: Any, ctx: Context) -> None:
+    case = lab01.model_flops_case(ctx.seed)
+    shape = tuple(case["shape"])
+    models = lab01.build_flops_models(case)
+    for model, got in zip(models, _list(observed, len(models), "model"), strict=True):
+        name = type(model).__name__
+        value = _integer(_value(got, f"model_forward_flops({name}, {shape})"), "model_forward_flops")
         want = _flop_counter(model, torch.zeros(shape))
-        got = model_forward_flops(model, shape)
-        assert int(got) == want, \
-            f"{type(model).__name__} on {shape}: you counted {got} FLOPs, FlopCounterMode counts {want}"
+        assert value == want, f"{name} on {shape}: you counted {value} FLOPs, FlopCounterMode counts {want}"
 
 
-def check_memory_budget(training_memory_budget: Callable[..., dict[str, int]], seed: int = 0) -> None:
-    """The student's budget against perflab.memory's measurement on random small models and optimizers."""
+# ---------------------------------------------------------------------------------------------
+# Part 3: the memory budget
+
+
+def _budget(got: Any, call: str) -> dict[str, int]:
+    value = _value(got, call)
+    assert isinstance(value, dict), f"{call} should return a dict, got {value!r:.80}"
+    out = {}
+    for key in ("parameters", "gradients", "optimizer", "activations"):
+        assert key in value, f"{call}: the budget has no {key!r}"
+        out[key] = _integer(value[key], f"{call}: {key}")
+    return out
+
+
+def judge_memory_visible(observed: Any, ctx: Context) -> None:
+    budget = _budget(observed, "training_memory_budget(tiny_net, 'adam', (2, 3, 4, 4))")
+    n_params = (8 * 3 * 9 + 8) + (128 * 2 + 2)
+    assert budget["parameters"] == budget["gradients"] == 4 * n_params, budget
+    assert budget["optimizer"] == 2 * 4 * n_params, budget
+    assert budget["activations"] == 4 * (2 * 3 * 4 * 4 + 2 * 8 * 4 * 4), budget
+
+
+def judge_memory_hidden(observed: Any, ctx: Context) -> None:
     from perflab import memory
 
-    rng = np.random.default_rng(seed)
-    for case in range(3):
-        width = int(rng.integers(4, 17))
-        side = int(rng.choice([8, 12, 16]))
-        model = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, width, 3, padding=1, bias=False), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, int(rng.integers(2, 10))))
-        if case == 2:
-            model[0].weight.requires_grad_(False)  # frozen parameters have no gradient, no state
-        optimizer = ("sgd", "sgd-momentum", "adam")[case]
-        shape = (int(rng.integers(2, 6)), 3, side, side)
-        torch.manual_seed(seed + case)
+    cases = lab01.memory_cases(ctx.seed)
+    for i, (case, got) in enumerate(zip(cases, _list(observed, len(cases)), strict=True)):
+        optimizer, shape = case["optimizer"], tuple(case["shape"])
+        where = f"case {i} ({optimizer}, input {shape})"
+        budget = _budget(got, f"{where}: training_memory_budget")
+        model = lab01.build_memory_model(case)
+        torch.manual_seed(case["torch_seed"])
         with _quiet():
             want = memory.memory_budget(model, optimizer, torch.randn(shape))
-            got = training_memory_budget(model, optimizer, shape)
-        where = f"case {case} ({optimizer}, input {shape})"
         for key, value in (("parameters", want.parameters), ("gradients", want.gradients)):
-            assert int(got[key]) == value, f"{where}: {key} {got[key]} bytes, measured {value}"
+            assert budget[key] == value, f"{where}: {key} {budget[key]} bytes, measured {value}"
         trainable = sum(1 for p in model.parameters() if p.requires_grad)
         counters = 8 * trainable if optimizer == "adam" else 0  # Adam's scalar steps, counted or not
-        assert want.optimizer_state - counters <= int(got["optimizer"]) <= want.optimizer_state, \
-            f"{where}: optimizer state {got['optimizer']} bytes, measured {want.optimizer_state}"
-        assert abs(int(got["activations"]) - want.activations) <= ACTIVATION_TOLERANCE * want.activations, \
-            f"{where}: activations {got['activations']} bytes, saved-tensor hooks measure {want.activations}"
+        assert want.optimizer_state - counters <= budget["optimizer"] <= want.optimizer_state, \
+            f"{where}: optimizer state {budget['optimizer']} bytes, measured {want.optimizer_state}"
+        assert abs(budget["activations"] - want.activations) <= ACTIVATION_TOLERANCE * want.activations, \
+            f"{where}: activations {budget['activations']} bytes, saved-tensor hooks measure {want.activations}"
 
 
-def _spin(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
+# ---------------------------------------------------------------------------------------------
+# Parts 4-6: cProfile, line_profiler, the leak
 
 
-def _leaf(n: int) -> int:
-    return _spin(n)
+def _judge_top(observed: Any, seed: int) -> None:
+    table = lab01.profile_table(seed)
+    ns = lab01.profile_ns(seed)
+    ranked = sorted(table, key=lambda key: table[key][3], reverse=True)
+    for n, got in zip(ns, _list(observed, len(ns), "n"), strict=True):
+        assert isinstance(got, dict) and got.get("n") == n, f"n={n}: no result"
+        if "raised" in got:
+            raise AssertionError(f"top_by_cumulative(stats, {n}) raised {got['raised']}: {got.get('message', '')}")
+        rows, want = got.get("rows"), ranked[:n]
+        assert isinstance(rows, list) and len(rows) == len(want), (
+            f"n={n}: {len(rows) if isinstance(rows, list) else 'no'} rows, expected {len(want)}")
+        for i, (row, key) in enumerate(zip(rows, want, strict=True)):
+            assert isinstance(row, dict) and row.get("type") == "FunctionRow", \
+                f"n={n}, row {i}: expected a FunctionRow, got {row.get('type') if isinstance(row, dict) else row}"
+            function = row.get("function")
+            got_key = tuple(function) if isinstance(function, list) else function
+            assert got_key in table, f"n={n}, row {i}: {got_key} is not a function of this profile"
+            assert got_key == key, f"n={n}: rows are not the top {n} by cumulative time, most first"
+            _cc, nc, tt, ct, _callers = table[key]
+            numbers = (row.get("calls"), decode_float(row.get("tottime")), decode_float(row.get("cumtime")))
+            assert numbers == (nc, tt, ct), \
+                f"n={n}, row {i} {key}: (calls, tottime, cumtime) should be pstats' {(nc, tt, ct)}, got {numbers}"
 
 
-def _middle(k: int, n: int) -> int:
-    return sum(_leaf(n) for _ in range(k))
+def judge_top_visible(observed: Any, ctx: Context) -> None:
+    _judge_top(observed, VISIBLE_PROFILE_SEED)
 
 
-def _root(k1: int, k2: int, n: int) -> int:
-    return _middle(k1, n) + _middle(k2, n) + _spin(n * k2)
+def judge_top_hidden(observed: Any, ctx: Context) -> None:
+    _judge_top(observed, ctx.seed)
 
 
-def check_top_by_cumulative(top_by_cumulative: Callable[..., list[FunctionRow]], seed: int = 0) -> None:
-    """The student's top-n rows are pstats' own, ordered by cumulative time."""
-    rng = np.random.default_rng(seed)
-    profiler = cProfile.Profile()
-    profiler.runcall(_root, int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(2000, 8000)))
-    stats = pstats.Stats(profiler)
-    table = stats.stats  # type: ignore[attr-defined]
-    for n in (1, 3, int(rng.integers(4, 8)), 1000):
-        rows = list(top_by_cumulative(stats, n))
-        want = sorted((entry[3] for entry in table.values()), reverse=True)[:n]
-        assert len(rows) == len(want), f"n={n}: {len(rows)} rows, expected {len(want)}"
-        for i, row in enumerate(rows):
-            key = tuple(row.function)
-            assert key in table, f"n={n}, row {i}: {key} is not a function of this profile"
-            cc, nc, tt, ct, _callers = table[key]
-            assert (row.calls, row.tottime, row.cumtime) == (nc, tt, ct), \
-                f"n={n}, row {i} {key}: (calls, tottime, cumtime) should be pstats' {(nc, tt, ct)}"
-        assert [row.cumtime for row in rows] == want, f"n={n}: rows are not the top {n} by cumulative time, most first"
+def _judge_slowest(observed: Any, seed: int) -> None:
+    case = lab01.line_case(seed)
+    first = lab01.three_steps.__code__.co_firstlineno
+    offset, hits, t = max(case["rows"], key=lambda row: row[2])
+    lineno, total = first + offset, sum(row[2] for row in case["rows"])
+    assert isinstance(observed, dict), "slowest_line: no result"
+    if "raised" in observed:
+        raise AssertionError(f"slowest_line raised {observed['raised']}: {observed.get('message', '')}")
+    assert observed.get("type") == "LineTiming", f"slowest_line should return a LineTiming, got {observed.get('type')}"
+    assert observed.get("lineno") == lineno, f"the slowest line is {lineno}, you said {observed.get('lineno')}"
+    assert observed.get("hits") == hits, f"line {lineno} ran {hits} times, you said {observed.get('hits')}"
+    seconds, share = decode_float(observed.get("seconds")), decode_float(observed.get("share"))
+    assert seconds is not None and _close(seconds, t * case["unit"], rel=1e-6), \
+        f"line {lineno} took {t * case['unit']} s (time x stats.unit), you said {observed.get('seconds')}"
+    assert share is not None and _close(share, t / total, rel=1e-6), \
+        f"line {lineno} holds {t / total:.3f} of the time, you said {observed.get('share')}"
 
 
-def _three_steps(a: int, b: int, c: int) -> int:
-    x = _spin(a)
-    y = _spin(b)
-    z = _spin(c)
-    return x + y + z
+def judge_slowest_visible(observed: Any, ctx: Context) -> None:
+    _judge_slowest(observed, VISIBLE_LINES_SEED)
 
 
-def check_slowest_line(slowest_line: Callable[..., LineTiming], seed: int = 0) -> None:
-    """The student's slowest line is the one line_profiler charged most, with its hits, seconds and share."""
-    from line_profiler import LineProfiler
-
-    rng = np.random.default_rng(seed)
-    slow = int(rng.integers(0, 3))
-    sizes = [3000, 3000, 3000]
-    sizes[slow] = 60000
-    profiler = LineProfiler()
-    profiled = profiler(_three_steps)
-    profiled(*sizes)
-    stats = profiler.get_stats()
-    code = _three_steps.__code__
-    timings = stats.timings[(code.co_filename, code.co_firstlineno, code.co_name)]
-    lineno, hits, t = max(timings, key=lambda row: row[2])
-    assert lineno == code.co_firstlineno + 1 + slow, "internal: the planted slow line did not dominate"
-    got = slowest_line(stats, _three_steps)
-    total = sum(row[2] for row in timings)
-    assert got.lineno == lineno, f"slowest line is {lineno} (`_spin({sizes[slow]})`), you said {got.lineno}"
-    assert got.hits == hits, f"line {lineno} ran {hits} times, you said {got.hits}"
-    assert _close(got.seconds, t * stats.unit, rel=1e-6), f"line {lineno} took {t * stats.unit} s, you said {got.seconds}"
-    assert _close(got.share, t / total, rel=1e-6), f"line {lineno} holds {t / total:.3f} of the time, you said {got.share}"
+def judge_slowest_hidden(observed: Any, ctx: Context) -> None:
+    _judge_slowest(observed, ctx.seed)
 
 
-_PLANTED: list[Any] = []
+def _leak_answer(got: Any, call: str) -> tuple[str, int]:
+    value = _value(got, call)
+    assert isinstance(value, list) and len(value) == 2, f"{call} should return (filename, lineno), got {value!r:.80}"
+    filename, lineno = value
+    assert isinstance(filename, str) and isinstance(lineno, int), \
+        f"{call} should return (filename, lineno), got {value!r:.80}"
+    return filename, lineno
 
 
-def _leak_first(x: np.ndarray) -> float:
-    kept = x * 2.0
-    _PLANTED.append(kept)
-    scratch = np.ones_like(x)
-    return float((kept + scratch).sum())
+def judge_leak_visible(observed: Any, ctx: Context) -> None:
+    import inspect
+
+    filename, lineno = _leak_answer(observed, "find_leak(lab01.preprocess_leaky, ...)")
+    source, first = inspect.getsourcelines(lab01.preprocess_leaky)
+    assert filename.endswith("lab01.py"), f"the leak is in {inspect.getsourcefile(lab01.preprocess_leaky)}, " \
+                                          f"you found {filename}"
+    assert first <= lineno < first + len(source), f"line {lineno} is not a line of preprocess_leaky"
 
 
-def _leak_second(x: np.ndarray) -> float:
-    scratch = np.sqrt(np.abs(x))
-    kept = x.astype(np.float64).tobytes()
-    _PLANTED.append(kept)
-    return float(scratch.sum())
+def judge_leak_hidden(observed: Any, ctx: Context) -> None:
+    for index, got in enumerate(_list(observed, 2)):
+        case = lab01.leak_case(ctx.seed, index)
+        filename, lineno = _leak_answer(got, "find_leak(leaky, ...)")
+        assert filename == case["filename"] and lineno == case["line"], (
+            f"this function keeps what line {case['line']} of {case['filename']} allocates; you found "
+            f"{filename}:{lineno}\n{case['source']}")
 
 
-def _leak_cached(x: np.ndarray) -> float:
-    table = {"x": x.copy()}
-    _PLANTED.append(table)
-    return float(table["x"].mean())
+def judge_preprocess(observed: Any, ctx: Context) -> None:
+    problems = lab01.preprocess_problems(observed, ctx.seed)
+    assert not problems, problems[0]
 
 
-_LEAKERS = ((_leak_first, 1), (_leak_second, 2), (_leak_cached, 1))
+# ---------------------------------------------------------------------------------------------
+# Part 7: torch.profiler
 
 
-def check_find_leak(find_leak: Callable[..., tuple[str, int]], seed: int = 0) -> None:
-    """The student's leak finder names the planted line in functions it has never seen."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(_LEAKERS))
-    try:
-        for index in order[:2]:
-            fn, offset = _LEAKERS[int(index)]
-            side = int(rng.integers(64, 128))
-            filename, lineno = find_leak(fn, lambda side=side: rng.standard_normal((side, side)), calls=30)
-            want = fn.__code__.co_firstlineno + offset
-            assert Path(filename).name == Path(__file__).name and int(lineno) == want, (
-                f"{fn.__name__} keeps what line {want} allocates; you found {Path(filename).name}:{lineno}")
-    finally:
-        _PLANTED.clear()
+def judge_trace_visible(observed: Any, ctx: Context) -> None:
+    active = observed.get("active")
+    assert isinstance(active, int) and not isinstance(active, bool) and active >= 1, f"ACTIVE is {active!r}"
+    problems = lab01.trace_problems(observed.get("names"), active)
+    assert not problems, problems[0]
 
 
-def check_profile_training(profile_training: Callable[..., Any], config: Any, seed: int = 0) -> None:
-    """Run the student's profiler on `config` with a random number of active steps and check its trace."""
-    active = int(np.random.default_rng(seed).integers(1, 3))
-    with tempfile.TemporaryDirectory(prefix="lab01-trace-") as tmp:
-        path = Path(tmp) / "check.trace.json"
-        with _quiet():
-            prof = profile_training(config, active, path)
-        assert isinstance(prof, torch.profiler.profile), "profile_training should return the torch.profiler.profile"
-        check_trace(path, active)
-        ops = [avg.key for avg in prof.key_averages()]
-        assert any(k.startswith("aten::") for k in ops), "the profiler recorded no aten ops"
+def judge_profile_hidden(observed: Any, ctx: Context) -> None:
+    active = lab01.profile_active_steps(ctx.seed)
+    assert observed.get("is_profile") is True and observed.get("type") == "torch.profiler.profiler.profile", \
+        f"profile_training should return the torch.profiler.profile, got {observed.get('type')}"
+    names = observed.get("names")
+    if isinstance(names, dict) and isinstance(names.get("missing"), str):
+        raise AssertionError(names["missing"])
+    problems = lab01.trace_problems(names, active)
+    assert not problems, problems[0]
+    ops = observed.get("ops")
+    assert isinstance(ops, list) and any(isinstance(k, str) and k.startswith("aten::") for k in ops), \
+        "the profiler recorded no aten ops"
 
 
-def check_conv2d_bytes(conv2d_bytes: Callable[..., int], seed: int = 0, cases: int = 20) -> None:
-    """Minimum traffic of random convolutions (perflab.roofline's traffic model)."""
+# ---------------------------------------------------------------------------------------------
+# Part 8: the roofline
+
+
+def _verdict_pair(got: Any, call: str) -> tuple[str, float]:
+    value = _value(got, call)
+    assert isinstance(value, list) and len(value) == 2 and isinstance(value[0], str), \
+        f"{call} should return (verdict, attainable), got {value!r:.80}"
+    return value[0], _number(value[1], f"{call}: attainable")
+
+
+def _expect_roofline(got: Any, args: Sequence[float]) -> None:
+    flops, nbytes, peak, bandwidth = args
+    intensity, ridge = flops / nbytes, peak / bandwidth
+    verdict, attainable = _verdict_pair(got, f"roofline_verdict({flops:.3g}, {nbytes:.3g}, {peak:.3g}, {bandwidth:.3g})")
+    want = "compute-bound" if intensity >= ridge else "memory-bound"
+    assert verdict == want, f"intensity {intensity:.3g} FLOP/B against ridge {ridge:.3g}: {want}, you said {verdict}"
+    roof = min(peak, bandwidth * intensity)
+    assert _close(attainable, roof, rel=1e-9), \
+        f"attainable should be min(peak, bandwidth * intensity) = {roof:.4g}, got {attainable:.4g}"
+
+
+def judge_roofline_visible(observed: Any, ctx: Context) -> None:
+    got = _integer(_value(observed.get("bytes"), "conv2d_bytes(conv, (1, 64, 56, 56))"), "conv2d_bytes")
+    want = 4 * (64 * 56 * 56 + 64 * 64 * 9 + 64 * 56 * 56)
+    assert got == want, f"conv2d_bytes(conv, (1, 64, 56, 56)) gave {got}, expected {want}"
+    for args, verdict in zip(VISIBLE_ROOFLINE, _list(observed.get("verdicts"), len(VISIBLE_ROOFLINE)), strict=True):
+        _expect_roofline(verdict, args)
+
+
+def judge_roofline_hidden(observed: Any, ctx: Context) -> None:
     from perflab import roofline
 
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        conv, shape = _random_conv(rng)
-        size = int(rng.choice([2, 4]))
-        dtype = torch.float16 if size == 2 else torch.float32
-        (cost,) = roofline.layer_intensity(conv, shape, dtype)
-        got = conv2d_bytes(conv, shape, size)
-        assert int(got) == cost.bytes, f"{conv} on {shape} at {size} bytes/element: {got} bytes, expected {cost.bytes}"
+    cases = lab01.conv_bytes_cases(ctx.seed)
+    for (spec, size), got in zip(cases, _list(observed.get("bytes"), len(cases)), strict=True):
+        conv, shape = lab01.build_conv(spec)
+        (cost,) = roofline.layer_intensity(conv, shape, torch.float16 if size == 2 else torch.float32)
+        value = _integer(_value(got, f"conv2d_bytes({conv}, {shape}, {size})"), "conv2d_bytes")
+        assert value == cost.bytes, f"{conv} on {shape} at {size} bytes/element: {value} bytes, expected {cost.bytes}"
+    verdict_cases = lab01.roofline_cases(ctx.seed)
+    for args, got in zip(verdict_cases, _list(observed.get("verdicts"), len(verdict_cases)), strict=True):
+        _expect_roofline(got, args)
 
 
-def check_roofline_verdict(roofline_verdict: Callable[..., tuple[str, float]], seed: int = 0, cases: int = 30) -> None:
-    """Verdict and attainable FLOP/s on random layers and devices (none sits on the ridge itself)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        peak, bandwidth = 10 ** rng.uniform(10, 15), 10 ** rng.uniform(9, 13)
-        ridge = peak / bandwidth
-        intensity = ridge * 10 ** rng.uniform(-2, 2)
-        if abs(math.log10(intensity / ridge)) < 1e-3:
-            intensity *= 2
-        nbytes = 10 ** rng.uniform(3, 9)
-        flops = intensity * nbytes
-        verdict, attainable = roofline_verdict(flops, nbytes, peak, bandwidth)
-        want = "compute-bound" if intensity >= ridge else "memory-bound"
-        assert verdict == want, f"intensity {intensity:.3g} FLOP/B against ridge {ridge:.3g}: {want}, you said {verdict}"
-        assert _close(attainable, min(peak, bandwidth * intensity), rel=1e-9), \
-            f"attainable should be min(peak, bandwidth * intensity) = {min(peak, bandwidth * intensity):.4g}, got {attainable:.4g}"
+# ---------------------------------------------------------------------------------------------
+# Part 9: the bottleneck verdict
 
 
 def reference_verdict(phase_seconds: dict[str, float], layers: Sequence[dict[str, float]],
@@ -378,28 +427,28 @@ def reference_verdict(phase_seconds: dict[str, float], layers: Sequence[dict[str
             "bounds_accepted": ("compute", "memory") if near_bound else (bound,)}
 
 
-def _verdict_of(fn: Callable[..., dict[str, str]], *args: Any) -> tuple[str, str]:
-    got = fn(*args)
-    assert isinstance(got, dict) and {"stage", "bound"} <= set(got), \
+def _verdict_of(got: Any, call: str) -> tuple[str, str]:
+    value = _value(got, call)
+    assert isinstance(value, dict) and {"stage", "bound"} <= set(value), \
         "bottleneck_verdict should return a dict with 'stage' and 'bound'"
-    return got["stage"], got["bound"]
+    return value["stage"], value["bound"]
 
 
-def check_bottleneck_rule(bottleneck_verdict: Callable[..., dict[str, str]], seed: int = 0, cases: int = 30) -> None:
-    """The verdict rule on random synthetic measurements far from its thresholds."""
-    rng = np.random.default_rng(seed)
-    peak, bandwidth = 1e11, 1e10  # ridge 10 FLOP/B
-    checked = 0
-    while checked < cases:
-        phases = {name: float(v) for name, v in zip(PHASE_LABELS, rng.dirichlet(np.ones(5) * 0.7), strict=True)}
-        layers = [{"flops": float(10 ** rng.uniform(5, 9)), "bytes": 0.0} for _ in range(int(rng.integers(1, 6)))]
-        for layer in layers:
-            layer["bytes"] = layer["flops"] / (10 * 10 ** rng.uniform(-1.5, 1.5))
+def judge_bottleneck_visible(observed: Any, ctx: Context) -> None:
+    want = ({"stage": "data", "bound": "compute"}, {"stage": "model", "bound": "memory"})
+    for i, (expected, got) in enumerate(zip(want, _list(observed, len(want)), strict=True)):
+        stage, bound = _verdict_of(got, f"bottleneck_verdict (visible case {i + 1})")
+        assert {"stage": stage, "bound": bound} == expected, \
+            f"visible case {i + 1}: expected {expected}, you said {stage}/{bound}"
+
+
+def judge_bottleneck_rule(observed: Any, ctx: Context) -> None:
+    cases = lab01.bottleneck_cases(ctx.seed)
+    for (phases, layers, peak, bandwidth), got in zip(cases, _list(observed, len(cases)), strict=True):
         ref = reference_verdict(phases, layers, peak, bandwidth)
         if len(ref["stages_accepted"]) > 1 or len(ref["bounds_accepted"]) > 1:
-            continue
-        checked += 1
-        stage, bound = _verdict_of(bottleneck_verdict, phases, layers, peak, bandwidth)
+            continue  # near a threshold: not a fair question
+        stage, bound = _verdict_of(got, "bottleneck_verdict")
         assert (stage, bound) == (ref["stage"], ref["bound"]), (
             f"data share {ref['data_share']:.2f}, h2d share {ref['h2d_share']:.2f}, memory-bound layers "
             f"{ref['memory_time_share']:.2f} of the roofline time: expected {ref['stage']}/{ref['bound']}, "
@@ -424,16 +473,67 @@ def grader_measurement(config: Any, steps: int = 3) -> dict[str, Any]:
             "peak_flops": peaks.peak_flops(), "peak_bandwidth": peaks.bandwidth}
 
 
-def check_bottleneck_here(bottleneck_verdict: Callable[..., dict[str, str]], config: Any,
-                          measured: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The student's verdict on the grader's own measurement of `config` on this machine."""
-    m = measured or grader_measurement(config)
+def _nearest_stage_point(data: float, h2d: float) -> int:
+    grid = lab01.stage_grid()
+    return min(range(len(grid)), key=lambda i: (grid[i][0] - data) ** 2 + (grid[i][1] - h2d) ** 2)
+
+
+def _nearest_ridge(ridge: float) -> int:
+    logs = [math.log(r) for r in RIDGE_GRID]
+    i = bisect.bisect_left(logs, math.log(ridge))
+    candidates = [j for j in (i - 1, i) if 0 <= j < len(logs)]
+    return min(candidates, key=lambda j: abs(logs[j] - math.log(ridge)))
+
+
+def judge_verdict_here(observed: Any, measured: dict[str, Any]) -> dict[str, Any]:
+    """The student's verdict (read off the probe's grid at the measured point) against the reference
+    on `measured`; near a threshold, or where the grid point and the measurement disagree, both count."""
+    m = measured
     ref = reference_verdict(m["phase_seconds"], m["layers"], m["peak_flops"], m["peak_bandwidth"])
-    stage, bound = _verdict_of(bottleneck_verdict, m["phase_seconds"], m["layers"], m["peak_flops"], m["peak_bandwidth"])
-    assert stage in ref["stages_accepted"], (
+    grid = lab01.stage_grid()
+    stages = _list(observed.get("stages"), len(grid), "grid point")
+    s = _nearest_stage_point(ref["data_share"], ref["h2d_share"])
+    at = grid[s]
+    grid_stage = "data" if at[0] >= DATA_SHARE or at[1] >= COPY_SHARE else "model"
+    stage = stages[s]
+    assert stage in (*ref["stages_accepted"], grid_stage), (
         f"on the grading machine the data phase takes {ref['data_share']:.0%} and h2d {ref['h2d_share']:.0%} "
         f"of the step: the stage is {ref['stage']}, you said {stage}")
-    assert bound in ref["bounds_accepted"], (
+    bounds = _list(observed.get("bounds"), len(RIDGE_GRID), "grid point")
+    r = _nearest_ridge(m["peak_flops"] / m["peak_bandwidth"])
+    grid_ref = reference_verdict(lab01.grid_phases(0.1, 0.0), m["layers"], lab01.GRID_PEAK_FLOPS,
+                                 lab01.GRID_PEAK_FLOPS / RIDGE_GRID[r])
+    bound = bounds[r]
+    assert bound in (*ref["bounds_accepted"], grid_ref["bound"]), (
         f"on the grading machine memory-bound layers hold {ref['memory_time_share']:.0%} of the model's "
         f"roofline time: the model is {ref['bound']}-bound, you said {bound}")
     return ref
+
+
+def judge_bottleneck_here(observed: Any, ctx: Context) -> None:
+    judge_verdict_here(observed, grader_measurement(lab01.lab_config(ctx.mode)))
+
+
+JUDGES = {
+    "time_callable_visible": judge_timer_visible,
+    "time_callable_hidden": judge_timer_hidden,
+    "counting_visible": judge_counting_visible,
+    "counting_hidden_layers": judge_counting_layers,
+    "counting_hidden_model": judge_counting_model,
+    "memory_budget_visible": judge_memory_visible,
+    "memory_budget_hidden": judge_memory_hidden,
+    "top_by_cumulative_visible": judge_top_visible,
+    "top_by_cumulative_hidden": judge_top_hidden,
+    "slowest_line_visible": judge_slowest_visible,
+    "slowest_line_hidden": judge_slowest_hidden,
+    "find_leak_visible": judge_leak_visible,
+    "find_leak_hidden": judge_leak_hidden,
+    "preprocess_fixed_check": judge_preprocess,
+    "profile_training_visible": judge_trace_visible,
+    "profile_training_hidden": judge_profile_hidden,
+    "roofline_visible": judge_roofline_visible,
+    "roofline_hidden": judge_roofline_hidden,
+    "bottleneck_visible": judge_bottleneck_visible,
+    "bottleneck_rule_hidden": judge_bottleneck_rule,
+    "bottleneck_here": judge_bottleneck_here,
+}

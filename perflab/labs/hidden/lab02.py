@@ -1,112 +1,175 @@
-"""Lab 02's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 02's judges: the grader's decision on every autograded cell, from the observations the lab's
+probes (`perflab.labs.lab02.PROBES`) returned. Grader-only: the student bundle and the grading
+sandbox leave this module out.
 
-The hidden test cells of `solutions/lab02_feed` import this module inside their `BEGIN HIDDEN TESTS`
-blocks and call the `check_*` functions below with the student's functions: random cases drawn from
-a seed, AssertionError on the first problem. The contract they check is stated in
-`perflab/labs/lab02.py`.
+Each judge draws the probe's inputs again from the grader's seed, computes the reference answer here
+and compares (AssertionError on the first problem: the message is the student's feedback line).
+`JUDGES` maps grade ids to judges; `perflab.grading.judging` runs them in the grading parent, and a
+solution notebook's hidden blocks run probe and judge in-process with `check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab02
 from perflab.labs.lab02 import (
+    DATA_WAIT_BAD_STEPS,
     DEFAULT_TOLERANCE,
-    DataWait,
-    FakeClock,
-    ScriptedBatches,
-    loader_problems,
-    order_problems,
-    scripted_step,
+    PICK_WORKERS_BAD,
+    SLOW_LOADER_S,
+    SLOW_STEP_S,
+    VISIBLE_LOADER_CASES,
+    data_wait_cases,
+    epochs_problems,
+    make_loader_cases,
+    order_cases,
+    orders_problems,
 )
+from perflab.workload import TrainConfig
+
+# Seconds within which a fake-clock measurement is exact (its inputs are multiples of 2**-10).
+EXACT = 1e-9
 
 
-def check_make_loader(make_loader: Callable[..., Iterable[Any]], seed: int) -> None:
-    """Random sizes, batch sizes (most with a ragged last batch) and worker counts; the options too."""
-    rng = random.Random(seed)
-    cases: list[tuple[int, int, int, dict[str, Any]]] = [
-        (1, 1, 0, {}), (17, 17, 0, {}), (5, 8, 1, {}), (31, 4, 3, {}),
-        (29, 6, 2, {"persistent_workers": True, "prefetch_factor": 1}),
-        (13, 4, 0, {"persistent_workers": True, "prefetch_factor": 4, "pin_memory": True}),
-    ]
-    for _ in range(5):
-        size, batch = rng.randint(5, 90), rng.randint(2, 12)
-        cases.append((size + (size % batch == 0), batch, rng.randint(0, 3), {}))
-    for size, batch, workers, options in cases:
-        problems = loader_problems(make_loader, size, batch, workers, seed=rng.randint(0, 10_000), **options)
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab02.LAB, grade_id, namespace, seed)
+
+
+def _cases(observed: Any, count: int) -> list[Any]:
+    assert isinstance(observed, list) and len(observed) == count, "the probe returned no result for every case"
+    return observed
+
+
+def judge_loader_visible(observed: Any, ctx: Context) -> None:
+    for case, seen in zip(VISIBLE_LOADER_CASES, _cases(observed, len(VISIBLE_LOADER_CASES)), strict=True):
+        problems = epochs_problems(seen, *case)
         assert not problems, problems[0]
 
 
-def check_loader_order(make_loader: Callable[..., Iterable[Any]], seed: int) -> None:
-    """Random sizes and seeds: shuffled, reshuffled each epoch, set by the seed, the same for 1 and 3 workers."""
-    rng = random.Random(seed)
-    for _ in range(2):
-        problems = order_problems(make_loader, rng.randint(12, 40), rng.randint(2, 7), seed=rng.randint(0, 999),
-                                  workers=(1, 3))
+def judge_loader_random(observed: Any, ctx: Context) -> None:
+    cases = make_loader_cases(ctx.seed)
+    for (size, batch, workers, seed, options), seen in zip(cases, _cases(observed, len(cases)), strict=True):
+        problems = epochs_problems(seen, size, batch, workers, seed=seed, **options)
         assert not problems, problems[0]
 
 
-def check_measure_data_wait(measure_data_wait: Callable[..., Any], seed: int) -> None:
-    """Random scripted loaders on a fake clock (exact answers), the errors, and the real wall clock."""
-    rng = random.Random(seed)
-    for _ in range(5):
-        n = rng.randint(1, 12)
-        steps = rng.randint(1, n)
-        clock = FakeClock(start=rng.uniform(0, 1e6))
-        delays = [rng.randint(0, 2000) / 1024 for _ in range(n)]  # multiples of 2**-10: exact in binary
-        costs = [rng.randint(1, 2000) / 1024 for _ in range(n)]
-        batch_sizes = [rng.randint(1, 64) for _ in range(n)]
-        startup = rng.randint(0, 4000) / 1024
-        batches = ScriptedBatches(clock, startup, delays, batch_sizes)
-        got = measure_data_wait(batches, scripted_step(clock, costs), steps, clock=clock)
-        assert isinstance(got, DataWait), f"measure_data_wait should return a DataWait, got {type(got).__name__}"
-        assert batches.iterations == 1, f"iter(batches) was called {batches.iterations} times, expected once"
-        assert abs(got.startup - startup) < 1e-9, f"startup: expected {startup} s (the cost of iter()), got {got.startup}"
-        for name, value, expected in (("wait", got.wait, delays), ("compute", got.compute, costs)):
-            assert len(value) == steps and all(abs(a - b) < 1e-9 for a, b in zip(value, expected, strict=False)), (
-                f"{name}: expected {expected[:steps]} for {steps} steps, got {list(value)}")
-        assert got.sizes == tuple(batch_sizes[:steps]), f"sizes: expected {batch_sizes[:steps]}, got {got.sizes}"
-    one = [(torch.zeros(2), torch.zeros(2))]
-    for steps, batches in ((0, one), (-3, one), (3, one * 2)):
-        try:
-            measure_data_wait(batches, lambda batch: None, steps)
-        except ValueError as exc:
-            assert "steps" in str(exc), f"the error for steps={steps} should name steps: {exc}"
-        else:
-            raise AssertionError(f"steps={steps} over {len(batches)} batches should raise ValueError")
-
-    def slow_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(2):
-            time.sleep(0.06)
-            yield torch.zeros(4), torch.zeros(4)
-
-    got = measure_data_wait(slow_batches(), lambda batch: time.sleep(0.01), 2)
-    assert min(got.wait) >= 0.055 and min(got.compute) >= 0.009 and max(got.compute) < min(got.wait), (
-        f"a loader sleeping 60 ms and a step sleeping 10 ms gave wait {got.wait}, compute {got.compute}: "
-        "time with the wall clock (time.perf_counter), never CPU time")
+def judge_loader_order(observed: Any, ctx: Context) -> None:
+    cases = order_cases(ctx.seed)
+    for (size, _batch, seed, workers), seen in zip(cases, _cases(observed, len(cases)), strict=True):
+        problems = orders_problems(seen, size, seed=seed, workers=workers)
+        assert not problems, problems[0]
 
 
-def check_pick_workers(pick_workers: Callable[..., int], seed: int) -> None:
-    """Random sweeps and tolerances against the rule, and the bad inputs."""
-    rng = random.Random(seed)
-    for _ in range(30):
-        sweep = {n: rng.uniform(10, 1000) for n in rng.sample(range(17), rng.randint(1, 6))}
-        tolerance = rng.choice([0.0, 0.02, 0.05, 0.2])
-        best = max(sweep.values())
-        expected = min(n for n, v in sweep.items() if v >= (1 - tolerance) * best)
-        got = pick_workers(sweep, tolerance)
-        assert got == expected, f"pick_workers({sweep}, {tolerance}) gave {got}, expected {expected}"
-        assert pick_workers(sweep) == pick_workers(sweep, DEFAULT_TOLERANCE), "the default tolerance is 0.05"
-    for bad in ({}, {-1: 10.0}, {1: 0.0}, {1: float("nan")}, {2: -5.0}):
-        try:
-            pick_workers(bad)
-        except ValueError:
-            pass
-        else:
-            raise AssertionError(f"pick_workers({bad}) should raise ValueError")
+def _numbers(values: Any) -> list[float]:
+    assert isinstance(values, list), f"expected a list of seconds, got {values!r}"[:200]
+    out = [decode_float(v) for v in values]
+    assert all(v is not None for v in out), f"expected numbers, got {values!r}"[:200]
+    return out  # type: ignore[return-value]
+
+
+def _expect_data_wait(got: Any, case: dict[str, Any]) -> None:
+    assert isinstance(got, dict), "no result"
+    if "raised" in got:
+        raise AssertionError(f"measure_data_wait raised {got['raised']}: {got.get('message', '')}")
+    assert got.get("type") == "DataWait", f"measure_data_wait should return a DataWait, got {got.get('type')}"
+    steps = case["steps"]
+    assert got.get("iterations") == 1, f"iter(batches) was called {got.get('iterations')} times, expected once"
+    startup = decode_float(got.get("startup"))
+    assert startup is not None and abs(startup - case["startup"]) < EXACT, (
+        f"startup: expected {case['startup']} s (the cost of iter()), got {got.get('startup')}")
+    for name, expected in (("wait", case["delays"][:steps]), ("compute", case["costs"][:steps])):
+        value = _numbers(got.get(name))
+        assert len(value) == steps and all(abs(a - b) < EXACT for a, b in zip(value, expected, strict=True)), (
+            f"{name}: expected {expected} for {steps} steps, got {value}")
+    assert got.get("sizes") == case["sizes"][:steps], f"sizes: expected {case['sizes'][:steps]}, got {got.get('sizes')}"
+
+
+def judge_data_wait_visible(observed: Any, ctx: Context) -> None:
+    (got,) = _cases(observed.get("cases"), 1)
+    _expect_data_wait(got, data_wait_cases(ctx.seed)[0])
+
+
+def judge_data_wait_hidden(observed: Any, ctx: Context) -> None:
+    cases = data_wait_cases(ctx.seed)
+    for got, case in zip(_cases(observed.get("cases"), len(cases)), cases, strict=True):
+        _expect_data_wait(got, case)
+    for (steps, available), got in zip(DATA_WAIT_BAD_STEPS, _cases(observed.get("bad"), len(DATA_WAIT_BAD_STEPS)),
+                                       strict=True):
+        assert got.get("raised") == "ValueError", (
+            f"steps={steps} over {available} batch(es) should raise ValueError, got {got}")
+        assert "steps" in got.get("message", ""), f"the error for steps={steps} should name steps: {got.get('message')}"
+    wall = observed.get("wall") or {}
+    assert "raised" not in wall, f"measure_data_wait raised {wall.get('raised')} on a real loader"
+    wait, compute = _numbers(wall.get("wait")), _numbers(wall.get("compute"))
+    assert len(wait) == len(compute) == 2, f"two steps were asked for, got wait {wait}, compute {compute}"
+    assert min(wait) >= SLOW_LOADER_S - 0.005 and min(compute) >= SLOW_STEP_S - 0.001 and max(compute) < min(wait), (
+        f"a loader sleeping {SLOW_LOADER_S * 1000:.0f} ms and a step sleeping {SLOW_STEP_S * 1000:.0f} ms gave wait "
+        f"{wait}, compute {compute}: time with the wall clock (time.perf_counter), never CPU time")
+
+
+def _reference_pick(sweep: dict[int, float], tolerance: float | None) -> int:
+    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    best = max(sweep.values())
+    return min(n for n, v in sweep.items() if v >= (1 - tolerance) * best)
+
+
+def judge_pick_workers(observed: Any, ctx: Context) -> None:
+    cases = lab02.pick_workers_cases(ctx.seed)
+    for (sweep, tol), got in zip(cases, _cases(observed.get("picked"), len(cases)), strict=True):
+        expected = _reference_pick(sweep, tol)
+        call = f"pick_workers({sweep})" if tol is None else f"pick_workers({sweep}, {tol})"
+        assert "raised" not in got, f"{call} raised {got['raised']}: {got.get('message', '')}"
+        value = got.get("value")
+        assert isinstance(value, int) and not isinstance(value, bool) and value == expected, (
+            f"{call} gave {value!r}, expected {expected}")
+    for bad, got in zip(PICK_WORKERS_BAD, _cases(observed.get("bad"), len(PICK_WORKERS_BAD)), strict=True):
+        assert got.get("raised") == "ValueError", f"pick_workers({bad}) should raise ValueError, got {got}"
+
+
+def exported_best(observed: Any, ctx: Context) -> TrainConfig:
+    """BEST as the notebook exported it, rebuilt here from its fields (a non-TrainConfig fails)."""
+    assert isinstance(observed, dict), "BEST could not be read"
+    if observed.get("config") is None:
+        raise AssertionError(f"BEST: expected a perflab.workload.TrainConfig, got {observed.get('type')}")
+    try:
+        return TrainConfig.from_dict(dict(observed["config"]))
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(f"BEST is not a valid TrainConfig: {exc}") from None
+
+
+def judge_best_samples(observed: Any, ctx: Context) -> None:
+    best = exported_best(observed, ctx)
+    lab02.check_best(best, ctx.mode)
+
+
+def judge_best_verified(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+
+    best = exported_best(observed, ctx)
+    problems = lab02.best_problems(best, ctx.mode)
+    assert not problems, problems[0]
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+    s = lab02.sizes(ctx.mode)
+    verdict, expectation = common.verify_against_bar(lab02.baseline_config(ctx.mode), best, lab02.EXPECTATION,
+                                                     claim=claim, max_pairs=s.verify_max_pairs,
+                                                     max_seconds=s.verify_seconds)
+    return common.mark_of(verdict, expectation)
+
+
+JUDGES = {
+    "test_make_loader_visible": judge_loader_visible,
+    "test_make_loader_random": judge_loader_random,
+    "test_make_loader_order": judge_loader_order,
+    "test_measure_data_wait_visible": judge_data_wait_visible,
+    "test_measure_data_wait_hidden": judge_data_wait_hidden,
+    "test_pick_workers": judge_pick_workers,
+    "test_best_samples": judge_best_samples,
+    "test_best_verified": judge_best_verified,
+}

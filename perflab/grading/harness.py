@@ -1,0 +1,113 @@
+"""The last cell the grading kernel runs: the lab's probes over the student's answers, as data.
+
+    from perflab.grading import harness
+    harness.run("lab02_feed", seed=1234, out="/path/in/the/work/folder/observations.json")
+
+The grading worker appends that cell to the student's notebook (`cell_source`) and reads the file it
+writes. Nothing here is trusted by the grader: the student's code ran in this kernel first, and may
+have changed anything in it. The grader only reads the observations as data and judges them
+itself (`perflab.grading.judging`).
+
+Where a lab's probes live (`probes_for`): the `PROBES` of its contract module `perflab.labs.labNN`
+(lab02_feed -> perflab.labs.lab02), or, for a course's own lab, `PROBES` in a `probes.py` beside
+the notebook.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from perflab.grading.probing import Probe, run_probes
+
+OBSERVATIONS_SCHEMA = "perflab.grading.observations"
+LAB_MODULE = re.compile(r"^(lab\d\d)_")
+PROBES_FILE = "probes.py"
+
+
+def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] | None:
+    """The lab's probes, or None when the lab has none (it is then graded the classic way)."""
+    match = LAB_MODULE.match(lab)
+    if match:
+        try:
+            module = importlib.import_module(f"perflab.labs.{match.group(1)}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"perflab.labs.{match.group(1)}":
+                raise
+        else:
+            probes = getattr(module, "PROBES", None)
+            if probes is not None:
+                return dict(probes)
+    path = Path(folder or Path.cwd()) / PROBES_FILE
+    if path.is_file():
+        spec = importlib.util.spec_from_file_location(f"perflab_course_probes_{match.group(1) if match else 'lab'}",
+                                                      path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return dict(module.PROBES)
+    return None
+
+
+def _namespace() -> Mapping[str, Any]:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover - the grading kernel is IPython
+        shell = None
+    if shell is not None:
+        return shell.user_ns
+    return vars(sys.modules["__main__"])
+
+
+def run(lab: str, seed: int, out: str, grade_ids: list[str] | None = None,
+        namespace: Mapping[str, Any] | None = None) -> None:
+    """Run the lab's probes for `grade_ids` (all by default) over `namespace` (default: the kernel's)
+    and write their observations, with what this kernel looks like, to `out`."""
+    probes = probes_for(lab) or {}
+    if grade_ids is not None:
+        probes = {gid: probes[gid] for gid in grade_ids if gid in probes}
+    observations = run_probes(probes, namespace if namespace is not None else _namespace(), seed)
+    doc = {"schema": OBSERVATIONS_SCHEMA, "version": 1, "lab": lab, "seed": seed, "cells": observations,
+           "kernel": kernel_state()}
+    Path(out).write_text(json.dumps(doc, allow_nan=False), encoding="utf-8")
+
+
+# Environment variables a notebook has no business setting: they steer perflab, Python and nbgrader.
+WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|KINETO_|TORCH)")
+
+
+def kernel_state() -> dict[str, Any]:
+    """What hooks this kernel carries and the environment it runs with, as evidence for a person
+    reviewing the submission (the kernel may hide them; nothing is decided from this)."""
+    state: dict[str, Any] = {"trace": sys.gettrace() is not None, "profile": sys.getprofile() is not None,
+                             "env": {k: v[:200] for k, v in os.environ.items() if WATCHED_ENV.match(k)}}
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover
+        shell = None
+    if shell is not None:
+        state["ast_transformers"] = [type(t).__name__ for t in getattr(shell, "ast_transformers", [])]
+        state["input_transformers_post"] = [getattr(t, "__name__", type(t).__name__)
+                                            for t in getattr(shell, "input_transformers_post", [])]
+        manager = getattr(shell, "input_transformer_manager", None)
+        state["input_transformers_cleanup"] = len(getattr(manager, "cleanup_transforms", []) or [])
+        state["input_transformers_line"] = len(getattr(manager, "line_transforms", []) or [])
+        events = getattr(getattr(shell, "events", None), "callbacks", {}) or {}
+        state["event_callbacks"] = {name: len(funcs) for name, funcs in events.items() if funcs}
+    return state
+
+
+def cell_source(lab: str, seed: int, out: str, grade_ids: list[str] | None = None) -> str:
+    """The code of a cell the worker adds to the notebook (after each autograded cell)."""
+    return (f"from perflab.grading import harness as _perflab_harness\n"
+            f"_perflab_harness.run({lab!r}, {int(seed)}, {str(out)!r}, {grade_ids!r})\n")

@@ -1,0 +1,181 @@
+"""The grader's side of the grading contract: judge the observations a notebook's probes returned.
+
+Runs in the grading parent, a process that never runs student code. For every autograded cell a
+lab has a judge (grader-only: `JUDGES` in `perflab/labs/hidden/labNN.py`, or in `judges.py` in a
+course lab's source folder):
+
+    def judge_pick_workers(observed: Any, ctx: Context) -> Mark | None:
+        for (sweep, tol), got in zip(pick_workers_cases(ctx.seed), observed["picked"]):
+            assert got == {"value": reference(sweep, tol)}, f"pick_workers({sweep}, {tol}) gave {got}"
+
+A judge draws the probe's inputs again from `ctx.seed`, computes the reference answers and compares.
+It returns None (full marks) or a `Mark`, and raises AssertionError (0, the message is the
+student's feedback line) on the first problem. Anything else it raises on malformed observations
+(a KeyError, a TypeError) scores 0 too: observations come from the student's kernel and may be
+anything. Re-measured speedups run here from the exported configuration (`ctx.verify`), with the
+bar this process loads: nothing in the student's kernel reaches them.
+
+    check_here(lab, grade_id, globals())   # a solution notebook's hidden block: probe + judge in-process
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perflab.grading.probing import run_probes
+
+log = logging.getLogger(__name__)
+
+LAB_MODULE = re.compile(r"^(lab\d\d)_")
+JUDGES_FILE = "judges.py"
+# Lines of feedback from one judge's message (a long assertion message stays readable).
+MESSAGE_MAX_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A judge's decision on one cell: the fraction of its points earned, and why."""
+
+    fraction: float
+    message: str = ""
+    verdict: dict[str, Any] | None = None  # a re-measured speedup's record (name, verdict, speedup, ci, ...)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"fraction: must be within [0, 1], got {self.fraction}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a judge may use besides the cell's own observation."""
+
+    lab: str
+    seed: int
+    mode: str = "grade"  # the run mode grading uses (sizes of baselines and budgets)
+    observations: Mapping[str, Any] = field(default_factory=dict)  # every cell's, by grade_id
+    # Runs a `perflab.verify` child job where student code may run (the grading sandbox); None: a
+    # plain child process (a solution notebook checking itself, the kit's tests).
+    child_runner: Callable[..., Any] | None = None
+    # Runs a program of the student's code (`run_program`) in the grading sandbox; None: a local process.
+    program_runner: Callable[[str, float], tuple[int, str]] | None = None
+
+    def observed(self, grade_id: str) -> Any:
+        """Another cell's observation (a verified cell reads the configuration its lab exported)."""
+        entry = self.observations.get(grade_id) or {}
+        if "observed" not in entry:
+            raise AssertionError(entry.get("probe_error") or f"nothing was observed for {grade_id}")
+        return entry["observed"]
+
+
+    def run_program(self, program: str, timeout: float = 60.0) -> tuple[int, str]:
+        """Run a Python program that holds student code (`python -I`), where it can reach nothing of
+        the grader's: (exit status, its output)."""
+        if self.program_runner is not None:
+            return self.program_runner(program, timeout)
+        import subprocess
+        import sys
+
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return -9, f"timeout after {timeout:.0f} s"
+        return done.returncode, done.stdout + done.stderr
+
+    def verify_module(self, baseline: Any, source: str, expectation_name: str, *, label: str,
+                      claim: float | None = None, max_pairs: int | None = None,
+                      max_seconds: float | None = None) -> tuple[Any, Any]:
+        """Re-measure a module of the student's code (`source`, following `perflab.verify.candidates`'
+        contract) against perflab's `baseline`, its child run by `child_runner` (in the grading sandbox):
+        (verdict, expectation) as `perflab.labs.common.verify_against_bar` returns them."""
+        import tempfile
+
+        from perflab.labs.common import verify_against_bar
+        from perflab.verify import Side
+
+        with tempfile.TemporaryDirectory(prefix="perflab-candidate-") as tmp:
+            path = Path(tmp) / "candidate.py"
+            path.write_text(source, encoding="utf-8")
+            return verify_against_bar(baseline, Side.module(path, label=label), expectation_name, claim=claim,
+                                      max_pairs=max_pairs, max_seconds=max_seconds, runner=self.child_runner)
+
+
+Judge = Callable[[Any, Context], "Mark | None"]
+
+
+def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, Judge] | None:
+    """The lab's judges (grader-only), or None when it has none (graded the classic way)."""
+    match = LAB_MODULE.match(lab)
+    if match:
+        name = f"perflab.labs.hidden.{match.group(1)}"
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+        else:
+            judges = getattr(module, "JUDGES", None)
+            if judges is not None:
+                return dict(judges)
+    if source_folder is not None and (Path(source_folder) / JUDGES_FILE).is_file():
+        path = Path(source_folder) / JUDGES_FILE
+        spec = importlib.util.spec_from_file_location(f"perflab_course_judges_{lab}", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return dict(module.JUDGES)
+    return None
+
+
+def judge_cell(grade_id: str, judge: Judge, ctx: Context) -> Mark:
+    """One cell's mark from its observation; never raises."""
+    entry = ctx.observations.get(grade_id)
+    if not isinstance(entry, dict) or not ({"observed", "probe_error"} & set(entry)):
+        return Mark(0.0, "not checked: the notebook stopped before this cell's check ran (see the first "
+                         "error or kernel death above it), or its answers could not be read")
+    if "probe_error" in entry:
+        return Mark(0.0, _short(str(entry["probe_error"])))
+    try:
+        mark = judge(entry["observed"], ctx)
+    except AssertionError as exc:
+        return Mark(0.0, _short(str(exc)) or "a check failed")
+    except Exception as exc:  # observations are untrusted data: a malformed one fails the cell
+        log.info("%s/%s: judge raised on the observation: %r", ctx.lab, grade_id, exc)
+        return Mark(0.0, _short(f"the answer could not be checked ({type(exc).__name__}: {exc})"))
+    return mark if mark is not None else Mark(1.0)
+
+
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MESSAGE_MAX_CHARS else text[:MESSAGE_MAX_CHARS] + " ..."
+
+
+def check_here(lab: str, grade_id: str, namespace: Mapping[str, Any], seed: int = 0,
+               mode: str | None = None) -> None:
+    """Probe and judge one cell in this process (a solution notebook's hidden-test block): raises
+    AssertionError with the grader's message when the answer would lose points."""
+    from perflab import env
+    from perflab.grading.harness import probes_for
+
+    probes = probes_for(lab, Path.cwd()) or {}
+    judges = judges_for(lab) or {}
+    if grade_id not in probes or grade_id not in judges:
+        raise KeyError(f"{lab}: no probe and judge for {grade_id!r}")
+    observations = run_probes({grade_id: probes[grade_id]}, namespace, seed)
+    ctx = Context(lab, seed, mode or env.run_mode(), observations)
+    mark = judge_cell(grade_id, judges[grade_id], ctx)
+    if mark.fraction < 1.0:
+        raise AssertionError(mark.message or f"{grade_id}: {mark.fraction:.0%} of the points")
+
+
+def grading_mode(env: Mapping[str, str] | None = None) -> str:
+    """The mode a grading run's sizes follow: PERFLAB_MODE from the run's settings, else grade."""
+    value = (env or {}).get("PERFLAB_MODE") or os.environ.get("PERFLAB_GRADE_MODE") or "grade"
+    return value
