@@ -1,7 +1,8 @@
 """Shared helpers for the lab tests: find the labs, read their cells, autograde a notebook for real.
 
-Autograding goes through nbgrader itself (perflab.grading.nbgrader_api) in a temporary course
-folder, in tiny mode. A lab's solution and its blank student copy are each graded once per test
+Autograding goes through the real grading pipeline (`perflab.grading.pipeline`: the notebook runs in
+the sandbox, the lab's probes after each autograded cell, the judges decide in this process, the
+scores land in nbgrader's gradebook) in a temporary course folder, in tiny mode. A lab's solution and its blank student copy are each graded once per test
 session and cached, so the common checks (tests/test_labs_common.py) and a lab's own tests
 (tests/test_labNN.py) share the run:
 
@@ -138,14 +139,24 @@ class GradedRun:
 
 
 def autograde(course: Path, lab: str, student: str, notebook: Path, *,
-              env: dict[str, str | None] | None = None, timeout: int = CELL_TIMEOUT) -> GradedRun:
-    """Submit `notebook` as `student` in `course` (lab already generated there) and autograde it."""
+              env: dict[str, str] | None = None, timeout: int = CELL_TIMEOUT) -> GradedRun:
+    """Submit `notebook` as `student` in `course` (lab set up there) and grade it with the pipeline."""
+    from perflab.grading import pipeline, sandbox
+
     nbgrader_api.submit(course, lab, student, notebook)
+    settings = pipeline.Settings(limits=sandbox.Limits(wall_s=SUBMISSION_WALL_S), cell_timeout=timeout,
+                                 env=dict(env or TINY_ENV))
     start = time.perf_counter()
-    folder = nbgrader_api.autograde(course, lab, student, timeout=timeout, env=env or TINY_ENV)
+    summary = pipeline.grade(course, settings, labs=[lab], students=[student], force=True)
     seconds = time.perf_counter() - start
-    executed = build.read_notebook(nbgrader_api.autograded_notebook(course, lab, student))
+    assert summary.graded or summary.failed, summary.line()
+    folder = course / "autograded" / student / lab
+    executed = build.read_notebook(folder / f"{lab}.ipynb")
     return GradedRun(lab, student, tuple(nbgrader_api.scores(course, lab, student)), executed, seconds, folder)
+
+
+# Seconds one graded submission may take in the kit's tests (a tiny-mode lab takes a minute or two).
+SUBMISSION_WALL_S = 1500
 
 
 _ROOT: list[Path] = []
@@ -164,9 +175,10 @@ def _session_root() -> Path:
 def course_for(lab: str) -> Path:
     """A course folder (one per lab per session) where `lab` has been generated from solutions/."""
     if lab not in _COURSES:
-        course = nbgrader_api.make_course(_session_root() / re.sub(r"\W", "_", lab))
-        nbgrader_api.add_source(course, lab, build.source_notebook(lab))
-        nbgrader_api.generate_assignment(course, lab)
+        from perflab.grading import pipeline
+
+        course = _session_root() / re.sub(r"\W", "_", lab)
+        pipeline.setup(course, REPO / "solutions", labs=[lab])
         _COURSES[lab] = course
     return _COURSES[lab]
 

@@ -105,6 +105,7 @@ def test_results_hold_phases_sweep_speedup_and_verdict(tiny_data) -> None:
     speedup = sections["speedups"][0]
     assert speedup["ci"][0] <= speedup["speedup"] <= speedup["ci"][1] and speedup["claimed"] == speedup["speedup"]
     verdict = sections["verification"][0]
+    # The grader's own re-measurement, written over the kernel's "deferred" row.
     assert verdict["name"] == lab02.EXPECTATION and verdict["verdict"] in ("pass", "inconclusive")
     assert run.cell("test_best_verified").outputs, "the verification cell shows its verdict"
 
@@ -114,8 +115,8 @@ def test_results_hold_phases_sweep_speedup_and_verdict(tiny_data) -> None:
 
 
 def test_good_loader_passes_every_check() -> None:
-    hidden02.check_make_loader(good_loader, seed=1)
-    hidden02.check_loader_order(good_loader, seed=2)
+    hidden02.check("test_make_loader_random", {"make_loader": good_loader}, seed=1)
+    hidden02.check("test_make_loader_order", {"make_loader": good_loader}, seed=2)
 
 
 def test_shuffle_with_the_loaders_generator_changes_order_with_persistent_workers() -> None:
@@ -132,7 +133,7 @@ def test_dropping_the_ragged_batch_fails() -> None:
     problems = lab02.loader_problems(drop_last, 23, 5)
     assert problems and "3 missing" in problems[0]
     with pytest.raises(AssertionError, match="missing"):
-        hidden02.check_make_loader(drop_last, seed=1)
+        hidden02.check("test_make_loader_random", {"make_loader": drop_last}, seed=1)
 
 
 def test_unshuffled_or_unseeded_loaders_fail() -> None:
@@ -152,8 +153,8 @@ def test_worker_options_with_no_workers_must_not_raise() -> None:
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                            persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
 
-    with pytest.raises(ValueError):
-        lab02.loader_problems(passes_everything, 13, 4, 0, persistent_workers=True, prefetch_factor=4)
+    problems = lab02.loader_problems(passes_everything, 13, 4, 0, persistent_workers=True, prefetch_factor=4)
+    assert problems and "raised ValueError" in problems[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +162,7 @@ def test_worker_options_with_no_workers_must_not_raise() -> None:
 
 
 def test_good_measure_passes_and_data_wait_derives_its_statistics() -> None:
-    hidden02.check_measure_data_wait(good_measure, seed=3)
+    hidden02.check("test_measure_data_wait_hidden", {"measure_data_wait": good_measure}, seed=3)
     clock = lab02.FakeClock()
     got = good_measure(lab02.ScriptedBatches(clock, 0.5, [0.25, 0.125], [8, 3]),
                        lab02.scripted_step(clock, [1.0, 0.5]), 2, clock=clock)
@@ -183,19 +184,19 @@ def test_cpu_time_or_missing_startup_fails() -> None:
         return DataWait(0.0, got.wait, got.compute, got.sizes)
 
     with pytest.raises(AssertionError, match="wall clock"):
-        hidden02.check_measure_data_wait(cpu_time, seed=3)
+        hidden02.check("test_measure_data_wait_hidden", {"measure_data_wait": cpu_time}, seed=3)
     with pytest.raises(AssertionError, match="startup"):
-        hidden02.check_measure_data_wait(no_startup, seed=3)
+        hidden02.check("test_measure_data_wait_hidden", {"measure_data_wait": no_startup}, seed=3)
 
 
 def test_pick_workers_checks() -> None:
-    hidden02.check_pick_workers(good_pick, seed=4)
+    hidden02.check("test_pick_workers", {"pick_workers": good_pick}, seed=4)
 
     def fastest(sweep, tolerance=0.05):
         return max(sweep, key=sweep.get)
 
     with pytest.raises(AssertionError, match="expected"):
-        hidden02.check_pick_workers(fastest, seed=4)
+        hidden02.check("test_pick_workers", {"pick_workers": fastest}, seed=4)
     assert lab02.sweep_counts(2) == [0, 1, 2, 3, 4]
     assert lab02.sweep_counts(16) == [0, 1, 2, 3, 4, 6, 8]
 

@@ -628,11 +628,12 @@ def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any
         result = failure_result(info, why)
     else:
         assert result is not None
+        events, files = result.get("events"), result.get("files")
         result = {"notebook": result.get("notebook") if isinstance(result.get("notebook"), str) else None,
                   "observations": result.get("observations"),
-                  "events": [e for e in result.get("events") or [] if _is_event(e)],
-                  "files": {k: v for k, v in (result.get("files") or {}).items()
-                            if isinstance(k, str) and isinstance(v, str)},
+                  "events": [e for e in events if _is_event(e)] if isinstance(events, list) else [],
+                  "files": ({k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)}
+                            if isinstance(files, dict) else {}),
                   "error": None, "findings": []}
     log.debug("%s/%s: sandbox output tail:\n%s", job.lab, job.student, run.output_tail[-6000:])
     result["wall_s"] = run.wall_s
@@ -736,9 +737,36 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     for name, data in (result.get("files") or {}).items():  # results/*.json, for the student's report
         if isinstance(data, str) and RESULTS_FILE_NAME.fullmatch(name):
             (folder / "results").mkdir(parents=True, exist_ok=True)
-            (folder / "results" / name).write_text(data, encoding="utf-8")
+            verdicts = [row["verdict"] for row in result.get("cells", []) if isinstance(row.get("verdict"), dict)]
+            (folder / "results" / name).write_text(with_grader_verdicts(data, verdicts), encoding="utf-8")
     state.put(record)
     return record
+
+
+def with_grader_verdicts(text: str, verdicts: list[dict[str, Any]]) -> str:
+    """A results file whose `verification` rows are the grader's own re-measurements (the notebook's
+    kernel only says "deferred"), so the student's report shows what was measured; unchanged if it
+    is not a results document."""
+    try:
+        doc = json.loads(text)
+        rows = doc["sections"]["verification"]
+    except (ValueError, KeyError, TypeError):
+        return text
+    if not isinstance(rows, list) or not verdicts:
+        return text
+    by_name = {v.get("name"): v for v in verdicts}
+    graded = []
+    for row in rows:
+        v = by_name.get(row.get("name")) if isinstance(row, dict) else None
+        if v is None:
+            graded.append(row)
+            continue
+        new = {"name": v["name"], "verdict": v.get("verdict"), "reason": v.get("reason") or ""}
+        if v.get("speedup") is not None and v.get("ci"):
+            new.update(speedup=v["speedup"], ci=list(v["ci"]))
+        graded.append(new)
+    doc["sections"]["verification"] = graded
+    return json.dumps(doc, indent=1)
 
 
 def feedback_notebook(result: dict[str, Any], info: LabInfo, notes: list[str], job: Job) -> str | None:

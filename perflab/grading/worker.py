@@ -334,7 +334,7 @@ def read_observations(folder: Path, count: int) -> dict[str, Any]:
         if i == "start" and isinstance(doc, dict):
             merged["kernel_start"] = doc.get("kernel")
         elif isinstance(doc, dict) and isinstance(doc.get("cells"), dict):
-            merged["cells"].update({k: v for k, v in doc["cells"].items() if isinstance(k, str)})
+            merged["cells"].update({k: v for k, v in doc["cells"].items() if isinstance(v, dict)})
             merged["kernel"] = doc.get("kernel")
     return merged
 
@@ -345,11 +345,14 @@ RESULTS_FILE_CAP_BYTES = 4 * 1024 * 1024
 
 
 def results_files(folder: Path, lab: str) -> dict[str, str]:
-    """{name: text} of results/<lab>.json under `folder`, if the notebook wrote it (a plain file, capped)."""
-    path = folder / "results" / f"{lab}.json"
-    if path.is_file() and not path.is_symlink() and path.stat().st_size <= RESULTS_FILE_CAP_BYTES:
-        return {path.name: path.read_text(encoding="utf-8", errors="replace")}
-    return {}
+    """{name: text} of results/<lab>.json and its trace, under `folder`, if the notebook wrote them
+    (plain files, each capped)."""
+    out = {}
+    for name in (f"{lab}.json", f"{lab}.trace.json"):
+        path = folder / "results" / name
+        if path.is_file() and not path.is_symlink() and path.stat().st_size <= RESULTS_FILE_CAP_BYTES:
+            out[name] = path.read_text(encoding="utf-8", errors="replace")
+    return out
 
 
 def _error_events(nb: Any) -> list[dict[str, Any]]:

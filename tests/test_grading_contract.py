@@ -1,0 +1,152 @@
+"""The grading contract of every lab: each autograded cell has a public probe and a grader-only judge,
+and nothing a student's kernel can send (forged, malformed, oversized or missing observations)
+earns a point or stops the grader."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import labs_helpers as H
+import pytest
+
+from perflab.grading import harness, judging, pipeline, probing, sandbox, worker
+
+LABS = H.lab_names()
+# What a hostile kernel might send instead of the probe's raw outputs.
+FORGED = [{"problems": []}, True, None, "pass", [], 0, {"verdict": "pass", "speedup": 2.5, "passed": True},
+          {"raised": None}, {"value": True}]
+
+
+def autograded_code_cells(lab: str) -> set[str]:
+    return {H.nbgrader_meta(c)["grade_id"] for c in H.grade_cells(lab)
+            if c.cell_type == "code" and not H.nbgrader_meta(c).get("solution")}
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_autograded_cell_has_a_probe_and_a_judge(lab: str) -> None:
+    probes = harness.probes_for(lab) or {}
+    judges = judging.judges_for(lab) or {}
+    cells = autograded_code_cells(lab)
+    assert set(probes) == cells, f"probes: missing {cells - set(probes)}, extra {set(probes) - cells}"
+    assert set(judges) == cells, f"judges: missing {cells - set(judges)}, extra {set(judges) - cells}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_forged_observations_earn_nothing(lab: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perflab.labs import common
+
+    def no_remeasurement(*args, **kwargs):
+        raise AssertionError("a forged observation reached a re-measurement")
+
+    monkeypatch.setattr(common, "verify_against_bar", no_remeasurement)
+    judges = judging.judges_for(lab) or {}
+    for gid, judge in judges.items():
+        for forged in FORGED:
+            ctx = judging.Context(lab, 7, "tiny", {gid: {"observed": forged}})
+            mark = judging.judge_cell(gid, judge, ctx)
+            assert mark.fraction == 0.0, f"{lab}/{gid}: {forged!r} earned {mark.fraction:.0%}"
+            assert "forged observation reached" not in mark.message, f"{lab}/{gid}: {forged!r}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_a_notebook_that_defines_nothing_gets_a_line_per_cell(lab: str) -> None:
+    observations = probing.run_probes(harness.probes_for(lab) or {}, {}, seed=3)
+    for gid, judge in (judging.judges_for(lab) or {}).items():
+        mark = judging.judge_cell(gid, judge, judging.Context(lab, 3, "tiny", observations))
+        assert mark.fraction == 0.0 and "the notebook defines no" in mark.message, (gid, mark)
+
+
+def test_missing_and_failed_probes_score_zero_with_a_reason() -> None:
+    judge = judging.judges_for("lab02_feed")["test_pick_workers"]
+    missing = judging.judge_cell("test_pick_workers", judge, judging.Context("lab02_feed", 1, "tiny", {}))
+    assert missing.fraction == 0 and "stopped before this cell's check ran" in missing.message
+    failed = judging.judge_cell("test_pick_workers", judge, judging.Context(
+        "lab02_feed", 1, "tiny", {"test_pick_workers": {"probe_error": "ZeroDivisionError: boom"}}))
+    assert failed.fraction == 0 and failed.message == "ZeroDivisionError: boom"
+
+
+def test_observations_made_for_another_seed_fail() -> None:
+    from perflab.labs import lab02
+
+    def pick(sweep, tolerance=0.05):
+        if not sweep or min(sweep) < 0 or not all(v > 0 for v in sweep.values()):
+            raise ValueError("sweep: worker counts >= 0, throughputs > 0")
+        best = max(sweep.values())
+        return min(n for n, v in sweep.items() if v >= (1 - tolerance) * best)
+
+    gid = "test_pick_workers"
+    observed = probing.run_probes({gid: lab02.PROBES[gid]}, {"pick_workers": pick}, seed=11)
+    judge = judging.judges_for("lab02_feed")[gid]
+    assert judging.judge_cell(gid, judge, judging.Context("lab02_feed", 11, "tiny", observed)).fraction == 1.0
+    assert judging.judge_cell(gid, judge, judging.Context("lab02_feed", 12, "tiny", observed)).fraction == 0.0
+
+
+def test_encode_turns_anything_into_bounded_json() -> None:
+    import torch
+
+    class Weird:
+        pass
+
+    big = torch.arange(probing.MAX_TENSOR_ELEMENTS + 1, dtype=torch.float32)
+    data = probing.encode({"nan": float("nan"), "t": torch.ones(2, 2), "big": big, "obj": Weird(),
+                           "long": "x" * (probing.MAX_CHARS + 10), 3: (1, 2)})
+    text = json.dumps(data, allow_nan=False)
+    assert data["nan"] == {"float": "nan"} and data["obj"] == {"type": "Weird"} and data["3"] == [1, 2]
+    assert data["t"]["tensor"]["values"] == [1.0] * 4 and "values" not in data["big"]["tensor"]
+    assert len(data["long"]) == probing.MAX_CHARS and len(text) < 3 * probing.MAX_CHARS
+    assert probing.decode_float({"float": "inf"}) == float("inf") and probing.decode_float(True) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The harness protocol, from the sandbox to the parent: hostile output is that submission's line
+
+
+def _write(folder: Path, name: str, data: bytes | str) -> None:
+    (folder / name).write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def test_read_observations_ignores_malformed_oversized_and_linked_files(tmp_path: Path) -> None:
+    good = {"cells": {"test_mean": {"observed": [1]}}, "kernel": {"env": {}}}
+    _write(tmp_path, "start.json", json.dumps({"kernel": {"env": {}}}))
+    _write(tmp_path, "0.json", json.dumps(good))
+    _write(tmp_path, "1.json", b"\xff\xfe not json")
+    _write(tmp_path, "2.json", json.dumps({"cells": ["a", "list"]}))
+    _write(tmp_path, "3.json", b" " * (worker.OBSERVATIONS_CAP_BYTES + 1))
+    os.symlink("/etc/passwd", tmp_path / "4.json")
+    _write(tmp_path, "5.json", json.dumps({"cells": {"test_fast_sum": {"observed": 45}, 7: 1}}))
+    merged = worker.read_observations(tmp_path, 7)
+    assert merged["cells"] == {"test_mean": {"observed": [1]}, "test_fast_sum": {"observed": 45}}
+    assert merged["kernel_start"] == {"env": {}} and merged["schema"] == harness.OBSERVATIONS_SCHEMA
+
+
+def _run(result: bytes, returncode: int = 0, timed_out: bool = False) -> sandbox.SandboxRun:
+    return sandbox.SandboxRun(returncode, timed_out, 1.0, result, "", sandbox.Isolation("none"))
+
+
+INFO = pipeline.LabInfo("lab00_fixture", "lab00_fixture.ipynb",
+                        ({"grade_id": "test_mean", "max_score": 2.0, "hidden": True, "manual": False},), {})
+JOB = pipeline.Job("alice", "lab00_fixture", Path("x.ipynb"), "0" * 64)
+
+
+@pytest.mark.parametrize("payload", [b"", b"not json", b"[1, 2]", b'{"error": 3}', b"\xff" * 100,
+                                     json.dumps({"notebook": 5, "events": [{"cell": "x"}], "files": [1]}).encode()])
+def test_hostile_results_become_a_clear_failure_or_nothing_at_all(payload: bytes) -> None:
+    result = pipeline.interpret(_run(payload), JOB, INFO)
+    assert isinstance(result["cells"] if "cells" in result else [], list)
+    if result.get("error"):
+        assert "every cell scored 0" in result["error"] or result["error"]
+    else:
+        assert result["notebook"] is None and result["events"] == [] and result["files"] == {}
+
+
+def test_a_result_with_no_observations_scores_every_cell_zero(tmp_path: Path) -> None:
+    tmpl = tmp_path / "tmpl"
+    (tmpl / "source" / "lab02_feed").mkdir(parents=True)
+    info = pipeline.LabInfo("lab02_feed", "lab02_feed.ipynb",
+                            ({"grade_id": "test_pick_workers", "max_score": 10.0, "hidden": True, "manual": False},),
+                            {})
+    for observations in (None, [], {"schema": "x", "cells": {}}, {"schema": harness.OBSERVATIONS_SCHEMA, "cells": 3}):
+        rows = pipeline.score(info, tmpl, {"observations": observations}, {"test_pick_workers"}, 1, "tiny")
+        assert rows[0]["score"] == 0.0 and rows[0]["error"], observations
