@@ -201,7 +201,7 @@ def supports_autocast(device_type: str, dtype: torch.dtype) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Run modes: how big a lab's work is (see DESIGN.md, "How the labs run").
+# Run modes: how big a lab's work is (see docs/DESIGN.md, "How the labs run").
 
 MODES = ("tiny", "laptop", "full", "grade")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from perflab.cli import UserError
 
-# --size -> the run mode whose sizes it takes (DESIGN.md, "How the labs run").
+# --size -> the run mode whose sizes it takes (docs/DESIGN.md, "How the labs run").
 SIZES = {"tiny": "tiny", "small": "laptop", "full": "full"}
 # Steps timed for throughput when --steps is not given. Small: about a minute on a 2-core laptop
 # for the whole profile (a 64 px step of 32 images takes about half a second there).

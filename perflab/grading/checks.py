@@ -51,7 +51,45 @@ class Finding:
 
 
 def grade_id(cell: Any) -> str | None:
-    return (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+    """The cell's nbgrader grade id, or None (also for malformed metadata)."""
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    gid = nbg.get("grade_id") if isinstance(nbg, dict) else None
+    return gid if isinstance(gid, str) else None
+
+
+CELL_TYPES = ("code", "markdown", "raw")
+
+
+def repair_structure(nb: Any) -> list[Finding]:
+    """Make `nb` safe to read: cells that are not cells are removed, sources made text, malformed
+    nbgrader metadata dropped; one finding per repair, naming the cell."""
+    findings: list[Finding] = []
+    kept = []
+    for index, cell in enumerate(nb.get("cells") or [], start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in CELL_TYPES:
+            findings.append(Finding(f"cell {index}", "this is not a notebook cell (no known cell_type); it was left out"))
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(x, str) for x in source):
+            cell["source"] = "".join(source)
+        elif not isinstance(source, str):
+            findings.append(Finding(f"cell {index}", f"its source is not text ({type(source).__name__}); it was "
+                                    "left out"))
+            continue
+        meta = cell.get("metadata")
+        if not isinstance(meta, dict):
+            cell["metadata"] = meta = {}
+        nbg = meta.get("nbgrader")
+        if nbg is not None and (not isinstance(nbg, dict) or not isinstance(nbg.get("grade_id", ""), str)):
+            del meta["nbgrader"]
+            findings.append(Finding(f"cell {index}", f"its nbgrader metadata is malformed ({type(nbg).__name__}); "
+                                    "it ran as an ordinary cell", flag=True))
+        if cell["cell_type"] == "code" and not isinstance(cell.get("outputs", []), list):
+            cell["outputs"] = []
+        kept.append(cell)
+    nb["cells"] = kept
+    return findings
 
 
 def inspect_submission(raw: bytes, release: Any) -> tuple[Any | None, list[Finding]]:
@@ -72,10 +110,17 @@ def inspect_submission(raw: bytes, release: Any) -> tuple[Any | None, list[Findi
     if not isinstance(doc, dict) or not ("cells" in doc or "worksheets" in doc):
         return None, [Finding("notebook", "the file is JSON but not a Jupyter notebook (it has no cells); "
                               "submit the lab's .ipynb file", fatal=True)]
+    if not isinstance(doc.get("cells", []), list):
+        return None, [Finding("notebook", "the file is JSON but its cells are not a list; submit the lab's "
+                              ".ipynb file", fatal=True)]
+    if not isinstance(doc.get("metadata", {}), dict):
+        doc["metadata"] = {}
     version = doc.get("nbformat")
     if not isinstance(version, int) or version > 4 or version < 3:
         return None, [Finding("notebook", f"unsupported notebook format nbformat={version!r} "
                               "(expected 4); save it with a current Jupyter and resubmit", fatal=True)]
+    if version == 4:
+        findings += repair_structure(doc)
     try:
         nb = nbformat.reads(json.dumps(doc), as_version=4)
     except Exception as exc:  # nbformat raises a handful of types for malformed documents

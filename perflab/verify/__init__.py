@@ -5,7 +5,7 @@
     verdict = verify(baseline_config, candidate_config, expectation=bar.threshold, claim=1.4)
     verdict.outcome, verdict.reason, verdict.speedup, verdict.ci
 
-The protocol (DESIGN.md, "Verifying a claimed speedup"): a fresh `python -I` child binds its clocks
+The protocol (docs/DESIGN.md, "Verifying a claimed speedup"): a fresh `python -I` child binds its clocks
 before any student code is imported and checks perflab's files against recorded hashes; it builds
 perflab's reference baseline and the candidate, runs a correctness gate (same samples, losses within a
 dtype-aware tolerance), then times interleaved A B B A blocks until the bootstrap CI of the ratio of
