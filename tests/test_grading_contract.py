@@ -150,3 +150,19 @@ def test_a_result_with_no_observations_scores_every_cell_zero(tmp_path: Path) ->
     for observations in (None, [], {"schema": "x", "cells": {}}, {"schema": harness.OBSERVATIONS_SCHEMA, "cells": 3}):
         rows = pipeline.score(info, tmpl, {"observations": observations}, {"test_pick_workers"}, 1, "tiny")
         assert rows[0]["score"] == 0.0 and rows[0]["error"], observations
+
+
+def test_outputs_over_the_budget_are_dropped_largest_first_with_a_line() -> None:
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    image = "A" * 1_000_000
+    cells = [new_code_cell("show()", outputs=[new_output("display_data", data={"image/png": image})])
+             for _ in range(8)]
+    cells.append(new_code_cell("print(1)", outputs=[new_output("stream", name="stdout", text="kept\n")]))
+    nb = new_notebook(cells=cells)
+    worker.cap_total_outputs(nb, 3_500_000)
+    sizes = [len(json.dumps(o)) for c in nb.cells for o in c.outputs]
+    assert sum(sizes) <= 3_500_000
+    assert nb.cells[-1].outputs[0]["text"] == "kept\n"
+    removed = [o["text"] for c in nb.cells for o in c.outputs if "removed" in o.get("text", "")]
+    assert len(removed) == 5 and "image/png output of" in removed[0]

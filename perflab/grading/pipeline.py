@@ -702,6 +702,11 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     flags = [f"{f['cell']}: {f['message']}" for f in findings if f.get("flag")]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]
     notes = notes_for(result, info)
+    text = feedback_notebook(result, info, notes, job) if result.get("notebook") else None
+    if result.get("notebook") and text is None:
+        notes.append("your graded notebook is not shown in this feedback: its outputs hold text that looks like "
+                     "the grader's hidden material (your scores are not affected)")
+        flags.append("notebook: its outputs quote hidden-test text or markers; not shown in feedback")
     record = Record(
         student=job.student, lab=job.lab, sha256=job.sha256,
         outcome="failed" if result.get("error") else "graded", cells=tuple(cells), notes=tuple(notes),
@@ -730,7 +735,6 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     folder = course / "autograded" / job.student / job.lab
     if folder.exists():
         shutil.rmtree(folder)
-    text = feedback_notebook(result, info, notes, job) if result.get("notebook") else None
     if text is not None:
         folder.mkdir(parents=True)
         (folder / info.notebook).write_text(text, encoding="utf-8")

@@ -224,6 +224,33 @@ class CapOutput(NbGraderPreprocessor):
         return cell, resources
 
 
+# The executed notebook travels up the result pipe (sandbox.RESULT_MAX_BYTES) with the observations
+# (OBSERVATIONS_CAP_BYTES) and results files: its outputs are cut to this, largest first.
+NOTEBOOK_CAP_BYTES = 40 * 1024 * 1024
+
+
+def cap_total_outputs(nb: Any, budget: int) -> None:
+    """Drop the largest outputs until the notebook's outputs fit in `budget` bytes, each replaced by a
+    line saying what was dropped: a notebook is never scored 0 for the size of its own output."""
+    sized = []
+    for index, cell in enumerate(nb.cells, start=1):
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            sized.append((len(json.dumps(output)), index, output))
+    total = sum(size for size, _, _ in sized)
+    if total <= budget:
+        return
+    for size, index, output in sorted(sized, key=lambda item: -item[0]):
+        if total <= budget:
+            break
+        kind = ", ".join(sorted(output.get("data", {}))) or output.get("output_type", "output")
+        note = f"[{kind} output of {size:,} bytes removed: the notebook's outputs were over {budget // 2**20} MB]"
+        output.clear()
+        output.update({"output_type": "stream", "name": "stdout", "text": note + "\n"})
+        total -= size - len(json.dumps(output))
+        _EVENTS.append({"cell": index, "grade_id": None,
+                        "event": f"an output of {size:,} bytes was removed (all outputs over {budget // 2**20} MB)"})
+
+
 def _error(ename: str, evalue: str) -> Any:
     from nbformat.v4 import new_output
 
@@ -304,6 +331,7 @@ def run(job_dir: Path) -> dict[str, Any]:
                             f"after this cell ({error[0]}: {error[1]})"[:300]})
     result["observations"] = read_observations(probe_dir, len(probes) - 1)
     CapOutput().preprocess(nb, {})
+    cap_total_outputs(nb, NOTEBOOK_CAP_BYTES)
     result["events"] = list(_EVENTS) + _error_events(nb)
     result["notebook"] = nbformat.writes(nb)
     result["files"] = results_files(folder, lab)
