@@ -97,8 +97,12 @@ def test_inspect_upgrades_v3_and_reports_cell_tampering():
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("doejane_12345_67890_lab00_fixture.ipynb", ("doejane", "lab00_fixture")),
-    ("doejane_LATE_12345_67890_lab00_fixture-1.ipynb", ("doejane", "lab00_fixture")),
+    ("doejane_12345_67890_lab00_fixture.ipynb", ("doejane-12345", "lab00_fixture")),
+    ("doejane_LATE_12345_67890_lab00_fixture-1.ipynb", ("doejane-12345", "lab00_fixture")),
+    ("doejane_777_67891_lab00_fixture.ipynb", ("doejane-777", "lab00_fixture")),  # another Jane Doe
+    ("Jane Doe_4321_assignsubmission_file_lab00_fixture.ipynb", ("jane.doe-4321", "lab00_fixture")),
+    ("Jane Doe_4321_assignsubmission_file_/lab00_fixture.ipynb", ("jane.doe-4321", "lab00_fixture")),
+    ("Lab 0_jdoe_attempt_2026-01-02-10-00-00_lab00_fixture.ipynb", ("jdoe", "lab00_fixture")),
     ("jdoe/lab00_fixture.ipynb", ("jdoe", "lab00_fixture")),
     ("jdoe/anything.ipynb", "no known lab"),
     ("lab00_fixture.ipynb", ("lab00", "lab00_fixture")),  # documented: the id is what precedes "_"
@@ -129,16 +133,20 @@ def test_collect_from_an_lms_zip_lists_what_it_could_not_use(tmp_path):
         zf.writestr(zipfile.ZipInfo("alice_111_222_lab00_fixture.ipynb", (2026, 1, 1, 10, 0, 0)), release)
         zf.writestr(zipfile.ZipInfo("alice_111_333_lab00_fixture-1.ipynb", (2026, 1, 2, 10, 0, 0)), release + b" ")
         zf.writestr("bob_444_555_lab00_fixture.ipynb", release)
+        zf.writestr(zipfile.ZipInfo("alice_999_666_lab00_fixture.ipynb", (2026, 1, 3, 10, 0, 0)), release + b"  ")
         zf.writestr("carol_notes.txt", "hi")
         zf.writestr("__MACOSX/._bob_444_555_lab00_fixture.ipynb", "junk")
         zf.writestr("mystery.ipynb", release)
     report = collect.collect(course, download)
-    assert sorted((c.student, c.lab) for c in report.collected) == [("alice", "lab00_fixture"), ("bob", "lab00_fixture")]
+    # Two users named alice stay two students; one user's two hand-ins keep the newest, and say so.
+    assert sorted((c.student, c.lab) for c in report.collected) == [
+        ("alice-111", "lab00_fixture"), ("alice-999", "lab00_fixture"), ("bob-444", "lab00_fixture")]
     reasons = dict(report.unmatched)
     assert "older copy" in reasons["alice_111_222_lab00_fixture.ipynb"]
+    assert {c.student: c.display for c in report.collected}["alice-999"] == "alice"
     assert "not a notebook" in reasons["carol_notes.txt"] and "no student id" in reasons["mystery.ipynb"]
-    kept = course / "submitted" / "alice" / "lab00_fixture" / "lab00_fixture.ipynb"
-    assert kept.read_bytes().endswith(b" ")  # the newer copy
+    kept = course / "submitted" / "alice-111" / "lab00_fixture" / "lab00_fixture.ipynb"
+    assert kept.read_bytes().endswith(b"} ")  # the newer copy of alice-111, not alice-999's
     assert (kept.parent / "timestamp.txt").is_file()
     with pytest.raises(ValueError, match="--lab lab99"):
         collect.collect(course, download, lab="lab99")

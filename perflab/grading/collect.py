@@ -5,10 +5,14 @@ below the folder given), in this order:
 
 1. `--pattern REGEX` if given: a regular expression with the named group `student` (and
    optionally `lab`), matched against the file name, e.g. `(?P<student>[a-z0-9]+)-(?P<lab>lab\\d\\d_\\w+)\\.ipynb`.
-2. A folder per student: `<student>/<anything>.ipynb` (or `<student>/<lab>/...`).
-3. The file name: `<student>_<...>.ipynb`, the student id before the first underscore. This is
-   how Canvas names a downloaded submission (`doejane_12345_67890_lab01_measure.ipynb`, with
-   `_LATE_` after the name when late) and how a plain `doejane_lab01_measure.ipynb` reads.
+2. An LMS export name, identified by the LMS's user id, so two people with the same name never
+   become one (the name is kept as the display name):
+   Canvas     `doejane_12345_67890_lab01_measure.ipynb` (`_LATE_` after the name when late) -> `doejane-12345`
+   Moodle     `Jane Doe_12345_assignsubmission_file_lab01_measure.ipynb`, or that name as a folder -> `jane.doe-12345`
+   Blackboard `Lab 1_jdoe_attempt_2026-01-02-10-00-00_lab01_measure.ipynb` -> `jdoe` (a unique username)
+3. A folder per student: `<student>/<anything>.ipynb` (or `<student>/<lab>/...`).
+4. The file name: `<student>_<...>.ipynb`, the student id before the first underscore
+   (`doejane_lab01_measure.ipynb`).
 
 The lab is the first known lab name (from the course's source/ folder) found in the path, or the
 one given with `--lab`. A student id is letters, digits and `.@-`. Files that match nothing are
@@ -45,6 +49,7 @@ class Collected:
     student: str
     lab: str
     name: str
+    display: str = ""  # the name the LMS export gives the student, kept beside the id
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,25 @@ def read_source(source: Path) -> list[Candidate]:
     return out
 
 
+CANVAS = re.compile(r"^(?P<login>[A-Za-z0-9.-]+?)(?:_LATE)?_(?P<uid>\d+)_(?P<sub>\d+)_")
+MOODLE = re.compile(r"^(?P<name>[^_/]+)_(?P<uid>\d+)_assignsubmission_[a-z]+_")
+BLACKBOARD = re.compile(r"_(?P<user>[A-Za-z0-9.@-]+)_attempt_\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}")
+
+
+def lms_student(path: PurePosixPath) -> tuple[str, str] | None:
+    """(student id, display name) from an LMS export's file or folder name, or None."""
+    for part in (path.name, *path.parts[:-1]):
+        if m := CANVAS.match(part):
+            return f"{m.group('login')}-{m.group('uid')}", m.group("login")
+        if m := MOODLE.match(part):
+            display = m.group("name").strip()
+            slug = re.sub(r"[^a-z0-9]+", ".", display.lower()).strip(".") or "student"
+            return f"{slug}-{m.group('uid')}", display
+        if m := BLACKBOARD.search(part):
+            return m.group("user"), m.group("user")
+    return None
+
+
 def match(name: str, labs: Sequence[str], lab: str | None = None,
           pattern: re.Pattern[str] | None = None) -> tuple[str, str] | str:
     """(student, lab) for a file name, or the reason it does not match."""
@@ -88,12 +112,15 @@ def match(name: str, labs: Sequence[str], lab: str | None = None,
     if path.suffix != ".ipynb":
         return f"not a notebook ({path.suffix or 'no extension'})"
     student = found_lab = None
+    lms = lms_student(path) if pattern is None else None
     if pattern is not None:
         m = pattern.search(path.name)
         if not m:
             return f"does not match --pattern {pattern.pattern!r}"
         student = m.group("student")
         found_lab = m.groupdict().get("lab")
+    elif lms is not None:
+        student = lms[0]
     elif len(path.parts) > 1:
         student = path.parts[0]
     else:
@@ -143,5 +170,23 @@ def collect(course: Path, source: Path, *, lab: str | None = None, pattern: str 
             path = Path(tmp) / notebook
             path.write_bytes(cand.data)
             nbapi.submit(course, lab_name, student, path, timestamp=cand.when.astimezone(_dt.timezone.utc))
-        collected.append(Collected(student, lab_name, cand.name))
+        lms = lms_student(PurePosixPath(cand.name)) if regex is None else None
+        collected.append(Collected(student, lab_name, cand.name, lms[1] if lms else ""))
+    _keep_display_names(course, collected)
     return Report(tuple(collected), tuple(unmatched))
+
+
+def _keep_display_names(course: Path, collected: Sequence[Collected]) -> None:
+    """Record each LMS display name in the gradebook (the student's first name field)."""
+    named = [c for c in collected if c.display]
+    if not named or not (course / "gradebook.db").is_file():
+        return
+    import warnings
+
+    from nbgrader.api import Gradebook
+
+    with nbapi._tools_on_path(), warnings.catch_warnings(), \
+            Gradebook(f"sqlite:///{course / 'gradebook.db'}", nbapi.COURSE_ID) as gb:
+        warnings.simplefilter("ignore")
+        for c in named:
+            gb.update_or_create_student(c.student, first_name=c.display)
