@@ -264,6 +264,52 @@ def test_sandbox_limits_memory_and_file_size(tmp_path):
     assert out == {"mem": "MemoryError", "file": "OSError"}
 
 
+@pytest.mark.skipif(not sandbox.isolation().network_isolated, reason="this OS allows no mount namespace")
+def test_nothing_written_in_a_world_writable_folder_outlives_the_sandbox(tmp_path):
+    folders = sandbox.world_writable_folders()
+    assert "/tmp" in folders
+    if os.path.isdir("/run/lock"):
+        assert "/run/lock" in folders  # found, not listed by hand
+    names = [os.path.join(f, f"perflab-escape-{os.getpid()}") for f in folders]
+    code = ("out = {}\n" + "".join(f"try:\n    open({n!r}, 'w').write('x'); out[{n!r}] = 'written'\n"
+                                   f"except OSError as exc:\n    out[{n!r}] = type(exc).__name__\n" for n in names))
+    out = json.loads(_sandboxed(tmp_path, code).result)
+    assert "written" in out.values()  # the folders are writable inside, privately
+    assert [n for n in names if os.path.exists(n)] == []
+
+
+@pytest.mark.skipif(not sandbox.isolation().network_isolated, reason="this OS allows no mount namespace")
+def test_the_work_folder_and_tmp_are_sized(tmp_path):
+    code = ("import errno, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nout = {}\n"
+            "for where in ('filler', '/tmp/filler'):\n"
+            "    try:\n"
+            "        with open(where, 'wb') as f:\n"
+            "            for _ in range(64):\n"
+            "                f.write(b'x' * 8 * 1024**2)\n"
+            "        out[where] = 'ok'\n"
+            "    except OSError as exc:\n"
+            "        out[where] = errno.errorcode.get(exc.errno, str(exc.errno))\n")
+    limits = sandbox.Limits(wall_s=60, disk_bytes=128 * 1024**2)
+    out = json.loads(_sandboxed(tmp_path, code, limits).result)
+    assert out == {"filler": "ENOSPC", "/tmp/filler": "ENOSPC"}, out
+    assert not (tmp_path / "work" / "filler").exists()  # written in RAM, never on the host's disk
+
+
+@pytest.mark.skipif(sandbox.cgroups().kind == "none", reason="no cgroups here: limits are per process only")
+def test_memory_is_limited_for_the_whole_sandbox_not_per_process(tmp_path):
+    # Three processes of 900 MiB each under a 2 GiB sandbox: each is under the per-process limit
+    # (RLIMIT_AS, off here), together they are over the whole sandbox's.
+    code = ("import subprocess, time\n"
+            "hog = 'b = bytearray(900 * 1024**2)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nimport time; time.sleep(20)'\n"
+            "procs = [subprocess.Popen([sys.executable, '-c', hog]) for _ in range(3)]\n"
+            "codes = [p.wait() for p in procs]\n"
+            "out = {'killed': sum(c < 0 for c in codes)}\n")
+    limits = sandbox.Limits(wall_s=90, memory_bytes=2 * 1024**3)
+    run = _sandboxed(tmp_path, code, limits)
+    out = json.loads(run.result) if run.result else {"killed": "the sandbox itself"}
+    assert out["killed"] != 0, out
+
+
 def test_sandbox_wall_limit_kills_the_whole_tree(tmp_path):
     import psutil
 
@@ -313,3 +359,17 @@ def test_the_inconclusive_policy_reaches_every_sandbox(monkeypatch):
     monkeypatch.setenv("PERFLAB_INCONCLUSIVE", "maybe")
     with pytest.raises(ValueError, match="PERFLAB_INCONCLUSIVE: 'maybe' is not one of credit, no-credit"):
         pipeline.with_instructor_policy(pipeline.Settings())
+
+
+def test_work_folders_left_by_a_killed_grader_are_removed_by_the_next_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "sandbox_base", lambda: tmp_path)
+    abandoned = tmp_path / "lab00_fixture-dead"
+    (abandoned / "notebook").mkdir(parents=True)
+    (abandoned / "notebook" / "submission.ipynb").write_text("{}")
+    (tmp_path / "lab00_fixture-dead.lock").touch()  # nobody holds it: its grader was killed
+    with pipeline.work_folder("lab00_fixture-") as live:
+        (live / "job.json").write_text("{}")
+        removed = pipeline.remove_abandoned(tmp_path)
+        assert removed == [abandoned] and not abandoned.exists()
+        assert (live / "job.json").exists()  # a running grade keeps its folder
+    assert not live.exists() and list(tmp_path.iterdir()) == []

@@ -53,7 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--gpus", type=int, default=0, help="GPUs grading uses: one per job or Ray task")
     v.add_argument("--wall", type=float, default=900.0, help="seconds one submission may take in all")
     v.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run")
-    v.add_argument("--memory-gb", type=float, default=8.0, help="address-space limit per process (0: none)")
+    v.add_argument("--memory-gb", type=float, default=8.0,
+                   help="memory of one submission, all its processes together where cgroups allow, and the "
+                        "address space of each process (0: none)")
+    v.add_argument("--disk-mb", type=float, default=2048.0,
+                   help="what one submission may write: the size of its private work folder and /tmp (0: no limit)")
+    v.add_argument("--require-isolation", action="store_true",
+                   help="refuse to grade where namespaces or per-submission cgroups are not available")
     v.add_argument("--processes", type=int, default=512, help="process and thread limit per submission")
     v.add_argument("--file-mb", type=float, default=256.0, help="largest file a submission may write")
     v.add_argument("--solutions", type=Path, default=None, help="solutions folder to hide (default: solutions/)")
@@ -89,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.verb == "grade":
         from perflab.grading import sandbox
 
+        missing = sandbox.missing_isolation()
+        if args.require_isolation and missing:
+            print("perflab grade grade: --require-isolation: " + "; ".join(missing))
+            return 2
         limits = sandbox.Limits(
             wall_s=args.wall, memory_bytes=int(args.memory_gb * GiB) if args.memory_gb > 0 else None,
-            processes=args.processes or None, file_bytes=int(args.file_mb * MiB) if args.file_mb > 0 else None)
+            processes=args.processes or None, file_bytes=int(args.file_mb * MiB) if args.file_mb > 0 else None,
+            disk_bytes=int(args.disk_mb * MiB) if args.disk_mb > 0 else None)
         settings = pipeline.Settings(limits=limits, cell_timeout=args.cell_timeout, jobs=args.jobs, gpus=args.gpus)
 
         def progress(record) -> None:
@@ -112,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
         csv_path, json_path = export.export(course, args.out, args.lab)
         print(f"{csv_path}\n{json_path}")
     elif args.verb == "status":
-        from perflab.grading import export
+        from perflab.grading import export, sandbox
 
         for name, keys in export.status(course).items():
             print(f"{name:13s}{len(keys):4d}  {' '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
+        print("\n".join(sandbox.describe()))
     return 0

@@ -370,6 +370,49 @@ def grader_only_paths(repo: Path = REPO) -> list[Path]:
     return out
 
 
+@contextlib.contextmanager
+def work_folder(prefix: str) -> Iterator[Path]:
+    """A fresh work folder under `sandbox_base()`, held by a lock while it is in use and removed
+    after; one a killed grader left behind is removed by the next run (`remove_abandoned`)."""
+    import fcntl
+
+    base = sandbox_base()
+    fd, lock_name = tempfile.mkstemp(prefix=prefix, suffix=".lock", dir=base)
+    path = Path(lock_name[: -len(".lock")])
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path.mkdir()
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        Path(lock_name).unlink(missing_ok=True)
+        os.close(fd)
+
+
+def remove_abandoned(base: Path | None = None) -> list[Path]:
+    """Remove the work folders of gradings that are no longer running (their lock is free): a grader
+    killed half-way leaves the student's notebook there. Returns what was removed."""
+    import fcntl
+
+    base = base or sandbox_base()
+    removed = []
+    for lock_path in sorted(base.glob("*.lock")):
+        folder = lock_path.with_name(lock_path.name[: -len(".lock")])
+        if folder.name.startswith(".uid-slot") or folder.name == "timing":
+            continue
+        try:
+            with open(lock_path, "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                for path in (folder, folder.with_name(folder.name + ".stage")):
+                    if path.exists():
+                        shutil.rmtree(path, ignore_errors=True)
+                        removed.append(path)
+                lock_path.unlink(missing_ok=True)
+        except (BlockingIOError, OSError):
+            continue
+    return removed
+
+
 def sandbox_base() -> Path:
     """Where this machine's sandboxes get their work folders (searchable, not listable, by others)."""
     base = Path(tempfile.gettempdir()) / "perflab-sandbox"
@@ -420,8 +463,7 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     present = {grade_id(c) for c in nb.cells if grade_id(c)}
     seed = secrets.randbelow(2**31)
     restore_locked(nb, release)
-    workdir = Path(tempfile.mkdtemp(prefix=f"{job.lab}-", dir=sandbox_base()))
-    try:
+    with work_folder(f"{job.lab}-") as workdir:
         env = prepare_job(job, info, tmpl, workdir, settings, nb, seed)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -432,8 +474,6 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
 
         run = sandbox.run([sys.executable, "-m", "perflab.grading.worker", str(workdir)], workdir=workdir,
                           limits=limits, hide=hide, env=env)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     result = interpret(run, job, info)
     result["findings"] = found + result.get("findings", []) + kernel_findings(result.get("observations"))
     result["seed"] = seed
@@ -554,8 +594,7 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
     where it can reach nothing of the grader's; the parent still decides from its raw times."""
     import sys
 
-    workdir = Path(tempfile.mkdtemp(prefix="verify-", dir=sandbox_base()))
-    try:
+    with work_folder("verify-") as workdir:
         job = dict(job)
         candidate = dict(job["candidate"])
         if candidate.get("kind") == "module":
@@ -580,8 +619,6 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
             return None, (f"crashed: the process exited with status {run.returncode} without a result; its last "
                           f"output: {run.output_tail[-300:]}"), run.wall_s
         return result, "", run.wall_s
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, hide: Sequence[Path],
@@ -589,16 +626,13 @@ def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, h
     """A program holding student code, run with `python -I` in a fresh sandbox: (exit status, output tail)."""
     import sys
 
-    workdir = Path(tempfile.mkdtemp(prefix="program-", dir=sandbox_base()))
-    try:
+    with work_folder("program-") as workdir:
         (workdir / "program.py").write_text(program, encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1",
                **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
         run = sandbox.run([sys.executable, "-I", str(workdir / "program.py")], workdir=workdir,
                           limits=replace(limits, wall_s=timeout, cpus=cpus or limits.cpus), hide=hide, env=env)
         return (-9 if run.timed_out else run.returncode), run.output_tail
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any]:
@@ -823,6 +857,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
 
     hardware = _env.machine_info().hardware_class
     with lock(course):
+        for path in remove_abandoned():
+            log.warning("removed %s, left behind by a grading run that was stopped", path)
         state = State.load(course)
         todo, done = plan(course, state, labs, students, force)
         infos = {lab: lab_info(course, lab) for lab in {j.lab for j in todo}}

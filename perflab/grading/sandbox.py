@@ -35,15 +35,19 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 SANDBOX_USER = "perflab-sandbox"
-# Folders every sandbox gets fresh and empty (world-writable places other students' runs use).
+# Folders every sandbox gets fresh and empty, whatever else is world-writable on the host
+# (`world_writable_folders` finds the rest: /run/lock, /var/crash, ...).
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# Where world-writable folders are looked for, and how deep: the places an OS puts shared scratch space.
+WRITABLE_ROOTS = ("/tmp", "/var", "/run", "/dev", "/home", "/srv", "/opt", "/mnt", "/media")
+WRITABLE_DEPTH = 3
 # The bytes of console output kept from a sandboxed run (its tail; the rest is dropped unread).
 OUTPUT_TAIL_BYTES = 64 * 1024
 # The result pipe carries at most this much (a notebook with capped outputs fits easily).
@@ -71,11 +75,14 @@ class Limits:
     file_bytes: int | None = 256 * MiB
     # CPU cores the run is pinned to (None: all); the local pool gives each job its own.
     cpus: tuple[int, ...] | None = None
+    # Size of each private tmpfs (the work folder, /tmp and every other world-writable folder): what a
+    # submission can write at all, in RAM, never on the host's disk.
+    disk_bytes: int | None = 2 * GiB
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
             raise ValueError(f"wall_s: must be positive, got {self.wall_s}")
-        for name in ("memory_bytes", "processes", "file_bytes"):
+        for name in ("memory_bytes", "processes", "file_bytes", "disk_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be at least 1 or None, got {value}")
@@ -114,6 +121,138 @@ class SandboxRun:
 
 
 @functools.cache
+def world_writable_folders() -> tuple[str, ...]:
+    """Every world-writable folder under `WRITABLE_ROOTS` (to `WRITABLE_DEPTH`), outermost only, plus
+    `PRIVATE_TMP`: each gets a fresh private tmpfs in the sandbox, so nothing written there outlives it."""
+    import stat
+
+    found = {p for p in PRIVATE_TMP if os.path.isdir(p)}
+    for root in WRITABLE_ROOTS:
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        base = root.rstrip("/").count("/")
+        for dirpath, dirnames, _ in os.walk(root):
+            depth = dirpath.rstrip("/").count("/") - base
+            keep = []
+            for name in dirnames:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode) or path.startswith(("/dev/pts", "/proc", "/sys")):
+                    continue
+                if st.st_mode & stat.S_IWOTH:
+                    found.add(path)
+                elif depth + 1 < WRITABLE_DEPTH:
+                    keep.append(name)
+            dirnames[:] = keep
+    return tuple(_outermost(sorted(found)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits for the whole sandbox (every process together), where the machine's cgroups allow it
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """How per-submission memory and process limits are enforced here: "v2", "v1" or "none"."""
+
+    kind: str
+    note: str = ""
+
+
+@functools.cache
+def cgroups() -> Cgroups:
+    """Probe once whether this process can make cgroups that limit a whole sandbox."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return Cgroups("none", "memory and processes are limited per process only (RLIMIT_AS, RLIMIT_NPROC): "
+                               "cgroups need root")
+    probe = f"perflab-probe-{os.getpid()}"
+    try:
+        if (CGROUP_ROOT / "cgroup.controllers").is_file():
+            controllers = (CGROUP_ROOT / "cgroup.controllers").read_text().split()
+            if {"memory", "pids"} <= set(controllers):
+                path = CGROUP_ROOT / probe
+                path.mkdir()
+                ok = (path / "memory.max").exists() and (path / "pids.max").exists()
+                path.rmdir()
+                if ok:
+                    return Cgroups("v2")
+        elif (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
+            for controller in ("memory", "pids"):
+                (CGROUP_ROOT / controller / probe).mkdir()
+                (CGROUP_ROOT / controller / probe).rmdir()
+            return Cgroups("v1")
+    except OSError as exc:
+        return Cgroups("none", f"memory and processes are limited per process only: cgroups cannot be made "
+                               f"here ({exc.strerror or exc})")
+    return Cgroups("none", "memory and processes are limited per process only: no memory and pids cgroup controllers")
+
+
+class SandboxCgroup:
+    """One sandbox's cgroup(s): every process in it shares `memory_bytes` and `processes`."""
+
+    def __init__(self, kind: str, name: str, memory_bytes: int | None, processes: int | None) -> None:
+        self.kind = kind
+        if kind == "v2":
+            self.paths = [CGROUP_ROOT / name]
+            self.paths[0].mkdir()
+            self._write(self.paths[0] / "memory.max", memory_bytes)
+            self._write(self.paths[0] / "memory.swap.max", 0 if memory_bytes else None)
+            self._write(self.paths[0] / "pids.max", processes)
+        else:
+            self.paths = [CGROUP_ROOT / "memory" / name, CGROUP_ROOT / "pids" / name]
+            for path in self.paths:
+                path.mkdir()
+            self._write(self.paths[0] / "memory.limit_in_bytes", memory_bytes)
+            self._write(self.paths[1] / "pids.max", processes)
+
+    @staticmethod
+    def _write(path: Path, value: int | None) -> None:
+        if value is not None and path.exists():
+            with contextlib.suppress(OSError):
+                path.write_text(str(value))
+
+    def procs_files(self) -> list[str]:
+        return [str(p / "cgroup.procs") for p in self.paths]
+
+    def peak_bytes(self) -> int | None:
+        for name in ("memory.peak", "memory.max_usage_in_bytes"):
+            with contextlib.suppress(OSError, ValueError):
+                return int((self.paths[0] / name).read_text())
+        return None
+
+    def close(self) -> None:
+        """Kill whatever is left in the cgroup and remove it."""
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                for pid in (path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), signal.SIGKILL)
+        for path in self.paths:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _join_cgroups(procs_files: Sequence[str]) -> Callable[[], None]:
+    """A preexec_fn that moves the new process into the sandbox's cgroups, then arms the parent-death signal."""
+    def join() -> None:
+        for path in procs_files:
+            with open(path, "w") as handle:
+                handle.write(str(os.getpid()))
+        _die_with_parent()
+
+    return join
+
+
+@functools.cache
 def isolation() -> Isolation:
     """Probe once what this machine allows: root namespaces, user namespaces, or nothing."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
@@ -133,6 +272,32 @@ def isolation() -> Isolation:
         return Isolation(kind)
     return Isolation("none", (f"no network isolation: `{' '.join(probe[:-1])}` is not permitted here; "
                               "the sandbox only limits resources",))
+
+
+def describe() -> list[str]:
+    """What this machine's sandbox enforces, one line each (for `perflab grade status`)."""
+    iso, cg = isolation(), cgroups()
+    kinds = {"root": "network, mount and PID namespaces; runs as an unprivileged user",
+             "userns": "network, mount and PID namespaces in a user namespace; runs as the grader's uid",
+             "none": "no namespaces: the network stays reachable and no folder is hidden"}
+    lines = [f"sandbox      {iso.kind}: {kinds[iso.kind]}"]
+    if cg.kind != "none":
+        lines.append(f"limits       memory and processes for the whole submission (cgroup {cg.kind}), "
+                     "address space and file size per process")
+    else:
+        lines.append(f"limits       {cg.note}")
+    if iso.kind != "none":
+        lines.append(f"private      a sized tmpfs for the work folder and {len(world_writable_folders())} "
+                     f"world-writable folder(s): {', '.join(world_writable_folders())}")
+    return lines
+
+
+def missing_isolation() -> list[str]:
+    """What `--require-isolation` finds missing on this machine (empty when all is enforced)."""
+    out = list(isolation().notes)
+    if cgroups().kind == "none":
+        out.append(cgroups().note)
+    return out
 
 
 def sandbox_user() -> pwd.struct_passwd:
@@ -169,8 +334,20 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
             _chown_tree(workdir, uid, gid)
         except (OSError, subprocess.CalledProcessError, PermissionError) as exc:
             notes.append(f"could not drop privileges ({exc}); the sandbox runs as root without a process limit")
+    group = None
+    cg = cgroups()
+    if cg.kind != "none":
+        try:
+            group = SandboxCgroup(cg.kind, f"perflab-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}",
+                                  limits.memory_bytes, limits.processes and limits.processes + 64)
+        except OSError as exc:
+            notes.append(f"could not make the sandbox's cgroup ({exc}); memory is limited per process only")
+    else:
+        notes.append(cg.note)
     spec = {
         "argv": list(argv), "workdir": str(workdir), "uid": uid, "gid": gid,
+        "private": list(world_writable_folders()) if iso.kind != "none" else [],
+        "disk_bytes": limits.disk_bytes,
         "mounts": iso.kind != "none", "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()],
         "binds": dict(binds or {}),
         "expose": _unreachable(needed_paths(), uid, gid) if uid is not None else [],
@@ -196,7 +373,8 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
     started = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent,
+        pass_fds=(write_fd,), start_new_session=True,
+        preexec_fn=_join_cgroups(group.procs_files()) if group else _die_with_parent,
         env={**_base_env(), "PERFLAB_SANDBOX_SPEC": json.dumps(spec)}, cwd=str(workdir))
     os.close(write_fd)
     readers = [threading.Thread(target=_drain, args=(read_fd, result_chunks, RESULT_MAX_BYTES), daemon=True),
@@ -217,6 +395,8 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
             reader.join(timeout=10)
         with contextlib.suppress(OSError):
             os.close(read_fd)
+        if group is not None:
+            group.close()
         slot.close()
     wall = time.perf_counter() - started
     return SandboxRun(returncode=proc.returncode, timed_out=timed_out, wall_s=wall,
@@ -358,7 +538,10 @@ def _loopback_up() -> None:
 
 
 def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
-                   expose: Sequence[tuple[str, str]]) -> None:
+                   expose: Sequence[tuple[str, str]], private: Sequence[str] = PRIVATE_TMP,
+                   disk_bytes: int | None = None) -> None:
+    size = f",size={disk_bytes}" if disk_bytes else ""
+    _size_workdir(workdir, size)
     groups: dict[str, list[str]] = {}
     for ancestor, path in expose:
         groups.setdefault(ancestor, []).append(path)
@@ -382,7 +565,7 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
     # What must stay visible inside a private /tmp: the work folder, and the interpreter and the
     # kit themselves when they live there (a checkout cloned under /tmp, as CI does).
     keep = _outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2])])
-    for n, tmp in enumerate(PRIVATE_TMP):
+    for n, tmp in enumerate(private):
         if not os.path.isdir(tmp):
             continue
         inside = [p for p in keep if p == tmp or p.startswith(tmp.rstrip("/") + "/")]
@@ -391,14 +574,41 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
             # same path, then move it over `tmp`: those folders stay, the rest of `tmp` goes.
             fresh = os.path.join(workdir, f".private-tmp-{n}")
             os.makedirs(fresh, exist_ok=True)
-            _mount("-t", "tmpfs", "-o", "mode=1777", "perflab-tmp", fresh)
+            _mount("-t", "tmpfs", "-o", f"mode=1777{size}", "perflab-tmp", fresh)
             for path in inside:
                 inner = os.path.join(fresh, os.path.relpath(path, tmp))
                 os.makedirs(inner, exist_ok=True)
                 _mount("--rbind", path, inner)
             _mount("--move", fresh, tmp)
         else:
-            _mount("-t", "tmpfs", "-o", "mode=1777", "perflab-tmp", tmp)
+            _mount("-t", "tmpfs", "-o", f"mode=1777{size}", "perflab-tmp", tmp)
+
+
+def _size_workdir(workdir: str, size: str) -> None:
+    """Put the work folder on a sized tmpfs holding a copy of what the parent laid out in it: what the
+    submission writes is bounded and never reaches the host's disk."""
+    if not size:
+        return
+    stage = workdir.rstrip("/") + ".stage"
+    os.makedirs(stage, exist_ok=True)
+    _mount("--bind", workdir, stage)
+    st = os.stat(workdir)
+    _mount("-t", "tmpfs", "-o", f"mode=0700{size}", "perflab-work", workdir)
+    for name in os.listdir(stage):
+        if name == ".stage":
+            continue
+        source, target = os.path.join(stage, name), os.path.join(workdir, name)
+        if os.path.isdir(source) and not os.path.islink(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+    os.chown(workdir, st.st_uid, st.st_gid)
+    for dirpath, dirnames, filenames in os.walk(workdir):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), st.st_uid, st.st_gid)
+    subprocess.run(["umount", "-l", stage], check=False)
+    with contextlib.suppress(OSError):
+        os.rmdir(stage)
 
 
 def _outermost(paths: Sequence[str]) -> list[str]:
@@ -418,7 +628,8 @@ def _boot() -> int:
     spec = json.loads(os.environ.pop("PERFLAB_SANDBOX_SPEC"))
     workdir = spec["workdir"]
     if spec["mounts"]:
-        _isolate_files(workdir, spec["hide"], spec["binds"], spec["expose"])
+        _isolate_files(workdir, spec["hide"], spec["binds"], spec["expose"], spec["private"] or PRIVATE_TMP,
+                       spec.get("disk_bytes"))
         _loopback_up()
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
