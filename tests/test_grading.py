@@ -40,17 +40,26 @@ def _release():
     ("import sys\nsys.modules['perflab.verify'] = object()", "sys.modules.perflab.verify"),
     ("import perflab.grading.timelock as tl\ntl.report_verdict = print", "perflab.grading.timelock.report_verdict"),
     ("import torch\ntorch.cuda.Event = object", "torch.cuda.Event"),
-    ("claimed_speedup = 3.0", "typed-in number"),
-    ("results = {'speedup': 2.5}", "typed-in number"),
-    ("%timeit 1\nSPEEDUP = -4", "typed-in number"),
+    ("get_ipython().ast_transformers.append(object())", "kernel hooks (ast_transformers)"),
+    ("ip = get_ipython()\nip.events.register('pre_run_cell', print)", "kernel hooks (events.register)"),
+    ("import sys\nsys.settrace(print)", "kernel hooks (settrace)"),
+    ("import os\nos.environ['PERFLAB_EXPECTATIONS'] = 'mine'", "PERFLAB_EXPECTATIONS"),
+    ("import os as o\no.environ.update(PYTHONPATH='x')", "os.environ.update"),
+    ("%env PERFLAB_MODE=tiny", "PERFLAB_MODE"),
+    ("open('../../solutions/lab01.py').read()", "reads outside its folder"),
+    ("import perflab, os\nos.listdir(os.path.dirname(perflab.__file__))", "perflab package's own files"),
 ])
-def test_scan_code_flags_patching_and_typed_in_claims(code, needle):
+def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, needle):
     messages = checks.scan_code(code)
     assert any(needle in m for m in messages), messages
 
 
 @pytest.mark.parametrize("code", [
     "claimed_speedup = best_time(slow) / best_time(fast)",
+    "CLAIM = 1.0  # what lab 3 tells a student to write when the baseline is kept",
+    "X, CLAIM = 2, 9.0\nresults = {'speedup': 2.5}",  # claims are held to the re-measurement, not read as text
+    "import os\nos.environ['OMP_NUM_THREADS'] = '2'",
+    "open('results/lab01.json').read()",
     "from time import perf_counter\nperf_counter = None",  # a local name, not the module's clock
     "import time\nstart = time.perf_counter()",
     "def f(:\n  broken",  # unparseable code is scored by running it, not here

@@ -1,11 +1,12 @@
 """What can be told about a submission before it runs: is it a notebook, are its graded cells
-there, was a locked cell edited, does its code patch the clock or perflab, does it hard-code a claim.
+there, was a locked cell edited, does its code patch the clock or perflab, hook the kernel, steer the
+grader through environment variables, or read outside its folder.
 
 `inspect_submission(raw_bytes, release)` returns the notebook to grade (upgraded to nbformat 4)
 or None, and `Finding`s. A finding is a line for the student's feedback; `flag=True` findings
 mark the submission for an instructor's review; `fatal=True` means there is nothing to run.
-None of this decides a score by itself: scores come from running the restored tests, and
-claimed speedups are re-measured in a fresh process whatever the notebook says.
+None of this decides a score: the grader's judges do, from what the notebook's answers return, and
+claimed speedups are held to the grader's own re-measurement only (never to how a claim is written).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|KINETO_|TORCH)")
 # Paths a notebook reads only to reach what is not its own: the grader's files, the kit's checkout.
 OUTSIDE = re.compile(r"(^|/)\.\.(/|$)|^[/~]|labs/hidden|gradebook|solutions/|autograder|\.git\b|judges\.py|"
                      r"observations")
-# A name that holds a claimed figure: assigning it a literal number is a hard-coded claim.
-CLAIM_NAME = re.compile(r"speed_?up|claim", re.IGNORECASE)
 _MAGIC = re.compile(r"^\s*[%!]")
 
 
@@ -194,7 +193,7 @@ def scan_notebook(nb: Any, release: Any) -> list[Finding]:
 
 def scan_code(source: str) -> list[str]:
     """Messages for clock or perflab patching, kernel hooks, steering environment variables, reads
-    outside the notebook's folder and hard-coded claims in one cell's code (with the line)."""
+    outside the notebook's folder in one cell's code (with the line)."""
     messages = _scan_magics(source)
     text = "\n".join("pass" if _MAGIC.match(line) else line for line in source.splitlines())
     try:
@@ -205,12 +204,9 @@ def scan_code(source: str) -> list[str]:
     messages += _scan_hooks_env_paths(tree, aliases)
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
-        value: ast.expr | None = None
         if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        elif isinstance(node, ast.AugAssign):  # `x *= 10` patches if x is guarded; it types in no claim
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):  # `x *= 10` patches if x is guarded
             targets = [node.target]
         elif isinstance(node, ast.Delete):
             targets = node.targets
@@ -219,10 +215,6 @@ def scan_code(source: str) -> list[str]:
             if dotted and isinstance(target, (ast.Attribute, ast.Subscript)) and _guarded(dotted):
                 messages.append(f"the code replaces {dotted}; timing and perflab must not be patched "
                                 "(the autograder re-measures in a fresh process, and flags this)")
-            if value is not None and _literal_number(value) and CLAIM_NAME.search(_name_of(target)):
-                messages.append(f"the claim {_name_of(target)} is a typed-in number "
-                                f"({ast.unparse(value)}); compute it from your own measurement "
-                                "(the autograder re-measures it and flags this)")
         if isinstance(node, ast.Call):
             func = _dotted(node.func, aliases) or ""
             if func in ("setattr", "delattr") and node.args:
@@ -234,12 +226,6 @@ def scan_code(source: str) -> list[str]:
                 owner = _dotted(node.args[0], aliases) if node.args else None
                 if any(_guarded(n) for n in names) or (owner and _guarded(owner + ".")):
                     messages.append(f"the code patches {names[0] if names else owner} with {func}")
-        if isinstance(node, ast.Dict):
-            for key, val in zip(node.keys, node.values, strict=True):
-                if (isinstance(key, ast.Constant) and isinstance(key.value, str)
-                        and CLAIM_NAME.search(key.value) and _literal_number(val)):
-                    messages.append(f"the claim {key.value!r} is a typed-in number ({ast.unparse(val)}); "
-                                    "compute it from your own measurement (the autograder re-measures it)")
     return list(dict.fromkeys(messages))
 
 
@@ -327,19 +313,3 @@ def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
 
 def _guarded(dotted: str) -> bool:
     return any(dotted == g or dotted.startswith(g + ".") for g in GUARDED) and "." in dotted
-
-
-def _literal_number(node: ast.AST) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        node = node.operand
-    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
-
-
-def _name_of(target: ast.AST) -> str:
-    if isinstance(target, ast.Name):
-        return target.id
-    if isinstance(target, ast.Attribute):
-        return target.attr
-    if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant):
-        return str(target.slice.value)
-    return ""

@@ -45,6 +45,7 @@ from perflab.grading import feedback as fb
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.checks import grade_id
 from perflab.grading.state import CellResult, Record, State, lock, sha256
+from perflab.verify.protocol import CLAIM_CONTRADICTED
 
 log = logging.getLogger(__name__)
 
@@ -735,6 +736,9 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     findings = result.get("findings", [])
     flags = [f"{f['cell']}: {f['message']}" for f in findings if f.get("flag")]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]
+    flags += [f"{c.grade_id}: the claimed {c.claimed:.2f}x is more than {CLAIM_CONTRADICTED:g} times the re-measured "
+              f"{c.speedup:.2f}x" for c in cells
+              if c.claimed is not None and c.speedup and c.claimed > CLAIM_CONTRADICTED * c.speedup]
     notes = notes_for(result, info)
     text = feedback_notebook(result, info, notes, job) if result.get("notebook") else None
     if result.get("notebook") and text is None:
