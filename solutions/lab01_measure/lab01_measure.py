@@ -979,7 +979,7 @@ for call in lab01.layer_calls(net, (CONFIG.batch_size, 3, CONFIG.image_size, CON
 verdict = bottleneck_verdict(breakdown.seconds, model_layers, peaks.peak_flops(), peaks.bandwidth)
 fig, ax = plt.subplots(figsize=(7, 1.8), layout="constrained")
 left_edge = 0.0
-for name, seconds in breakdown.seconds.items():
+for name in breakdown.seconds:
     ax.barh([0], [breakdown.share(name)], left=left_edge, label=f"{name} {breakdown.share(name):.0%}")
     left_edge += breakdown.share(name)
 ax.axvline(lab01.DATA_SHARE, color="black", linestyle=":", linewidth=1)
