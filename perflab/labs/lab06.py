@@ -587,11 +587,17 @@ def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Seque
     got = fn(measurements, **kwargs)
     if dict(measurements) != copy:
         return ["cumulative_speedups changed its input measurements"]
+    return rows_problems(got, measurements, want, kwargs.get("quantile", QUANTILE))
+
+
+def rows_problems(got: Any, measurements: Mapping[str, Sequence[float]], want: Sequence[Mapping[str, Any]],
+                  quantile: float = QUANTILE) -> list[str]:
+    """What is wrong with rows `got` for this ablation, against the rows it must give (`want`)."""
     where = f"{len(measurements)} configurations of {len(next(iter(measurements.values())))} blocks"
     if not isinstance(got, list) or len(got) != len(want):
         n = len(got) if isinstance(got, list) else type(got).__name__
         return [f"{where}: expected a list of {len(want)} rows (one per configuration after the baseline), got {n}"]
-    base_q = float(np.quantile(np.asarray(next(iter(measurements.values())), float), kwargs.get("quantile", QUANTILE)))
+    base_q = float(np.quantile(np.asarray(next(iter(measurements.values())), float), quantile))
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if not isinstance(g, Mapping):
             return [f"{where}: row {i} should be a dict, got {type(g).__name__}"]
@@ -600,14 +606,14 @@ def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Seque
         if not _close(g.get("speedup"), w["speedup"]):
             times = list(measurements.values())[i + 1]
             prev = list(measurements.values())[i]
-            chained = float(np.quantile(np.asarray(prev, float), kwargs.get("quantile", QUANTILE))) / float(
-                np.quantile(np.asarray(times, float), kwargs.get("quantile", QUANTILE)))
+            chained = float(np.quantile(np.asarray(prev, float), quantile)) / float(
+                np.quantile(np.asarray(times, float), quantile))
             median = float(np.median(next(iter(measurements.values())))) / float(np.median(times))
             hint = ""
             if _close(g.get("speedup"), chained, 1e-6) and i > 0:
                 hint = " (that is the speedup over the previous configuration: measure against the ORIGINAL baseline)"
             elif _close(g.get("speedup"), median, 1e-6):
-                hint = f" (that is the ratio of medians: use the {kwargs.get('quantile', QUANTILE)} quantile)"
+                hint = f" (that is the ratio of medians: use the {quantile} quantile)"
             return [f"{where}: {w['name']}: speedup {g.get('speedup')!r}, expected {w['speedup']:.6g} "
                     f"= q(baseline) {base_q:.4g} / q({w['name']}){hint}"]
         ci = g.get("ci")
@@ -735,3 +741,169 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
     s = sizes(mode)
     return verify_against_bar(baseline_config(mode), final, EXPECTATION, claim=claim,
                               max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
+# returns the student's raw outputs on inputs drawn from the grader's seed; the grader-only judges
+# (perflab/labs/hidden/lab06.py) draw the same inputs, compute the reference answers and decide.
+
+VISIBLE_ABLATION = {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55],
+                    "+ bf16": [0.25, 0.3, 0.26, 0.25]}
+VISIBLE_TABLES = ([{"name": "a", "speedup": 2.0, "ci": [1.9, 2.1]}, {"name": "b", "speedup": 4.0, "ci": [3.8, 4.2]}],
+                  [{"name": "a", "speedup": 1.5}, {"name": "b", "speedup": 1.0}])
+# The largest report and results file the grader reads back (a report embeds its figures as PNG).
+REPORT_CAP_BYTES = 6 * 1024 * 1024
+
+
+def random_measurements(rng: Any, configs: int | None = None, blocks: int | None = None) -> dict[str, list[float]]:
+    """A random ablation: a baseline, then configs that each add a change with a random true speedup,
+    timed in noisy blocks (lognormal jitter plus occasional interference that only adds time)."""
+    configs = configs if configs is not None else rng.randint(1, 5)
+    blocks = blocks if blocks is not None else rng.randint(4, 24)
+    level = rng.uniform(0.02, 2.0)
+    names = ["baseline"] + [f"{rng.choice(['+ workers', '+ bf16', '+ channels_last', '+ compile', '+ ckpt'])}"
+                            f" #{i}" for i in range(1, configs + 1)]
+    out: dict[str, list[float]] = {}
+    for name in names:
+        noise = rng.uniform(0.005, 0.1)
+        out[name] = [level * math.exp(rng.gauss(0, noise)) * (1 + (rng.random() < 0.15) * rng.uniform(0, 0.6))
+                     for _ in range(blocks)]
+        level /= rng.uniform(0.6, 2.5)
+    return out
+
+
+def random_rows(rng: Any, n: int | None = None, final: float | None = None) -> list[dict[str, Any]]:
+    """Random cumulative rows (each with a CI around it); `final` pins the last speedup."""
+    n = n if n is not None else rng.randint(1, 6)
+    level, rows = 1.0, []
+    for i in range(n):
+        level *= math.exp(rng.gauss(0.15, 0.3))
+        if final is not None and i == n - 1:
+            level = final
+        width = rng.uniform(0.01, 0.2) * level
+        rows.append({"name": f"change {i + 1}", "speedup": level, "ci": [level - width, level + width],
+                     "cumulative": True})
+    return rows
+
+
+def cumulative_cases(seed: int, cases: int = 12) -> tuple[list[tuple[dict[str, list[float]], dict[str, Any]]],
+                                                          list[tuple[dict[str, list[float]], str]]]:
+    """(random ablations with their keyword arguments, bad inputs with what is wrong) drawn from `seed`."""
+    import random
+
+    rng = random.Random(seed)
+    good = []
+    for case in range(cases):
+        m = random_measurements(rng)
+        kwargs: dict[str, Any] = {}
+        if case % 3 == 1:
+            kwargs["quantile"] = rng.choice([0.1, 0.5, 0.8])
+        if case % 4 == 2:
+            kwargs["seed"] = rng.randint(1, 10_000)
+        good.append((m, kwargs))
+    ok = random_measurements(rng, configs=2, blocks=6)
+    base = ok["baseline"]
+    bad = [({"baseline": base}, "only the baseline"),
+           ({"baseline": base, "short": base[:3]}, "another number of blocks"),
+           ({"baseline": base[:1], "one": base[:1]}, "a single block"),
+           ({"baseline": base, "neg": [-1.0] + base[1:]}, "a negative time"),
+           ({"baseline": base, "nan": [float("nan")] + base[1:]}, "a NaN time"),
+           ({"baseline": base, "zero": [0.0] * len(base)}, "zero times")]
+    return good, bad
+
+
+def table_cases(seed: int, cases: int = 15) -> tuple[list[list[dict[str, Any]]], list[tuple[list[dict[str, Any]], float]]]:
+    """(random ablations, some ending within PARITY of 1.0 and some losing time; rows with a bad speedup)."""
+    import random
+
+    rng = random.Random(seed)
+    good = []
+    for case in range(cases):
+        final = None
+        if case % 5 == 3:
+            final = 1.0 + rng.uniform(-0.6, 0.6) * PARITY
+        elif case % 5 == 4:
+            final = rng.uniform(0.4, 0.9)
+        good.append(random_rows(rng, final=final))
+    bad = []
+    for value in (0.0, -1.5, float("nan"), float("inf")):
+        rows = random_rows(rng, 2)
+        rows[1]["speedup"] = value
+        bad.append((rows, value))
+    return good, bad
+
+
+def _config_data(value: Any) -> dict[str, Any]:
+    return {"type": type(value).__name__, "config": value.to_dict() if isinstance(value, TrainConfig) else None}
+
+
+def _call_cumulative(fn: Callable[..., Any], measurements: Mapping[str, Sequence[float]],
+                     kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    from perflab.grading.probing import outcome
+
+    copy = {k: list(v) for k, v in measurements.items()}
+    got = outcome(fn, measurements, **kwargs)
+    return {**got, "mutated": dict(measurements) != copy}
+
+
+def _probe_final_config(answers: Any, seed: int) -> dict[str, Any]:
+    chain = answers["CHAIN"]
+    try:
+        steps = [{"name": str(name), **_config_data(config)} for name, config in chain]
+    except (TypeError, ValueError):
+        steps = None
+    return {"final": _config_data(answers["FINAL"]), "chain": steps}
+
+
+def _probe_cumulative_visible(answers: Any, seed: int) -> dict[str, Any]:
+    fn = answers["cumulative_speedups"]
+    return _call_cumulative(fn, {k: list(v) for k, v in VISIBLE_ABLATION.items()}, {})
+
+
+def _probe_cumulative_hidden(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import outcome
+
+    fn = answers["cumulative_speedups"]
+    good, bad = cumulative_cases(seed)
+    return {"good": [_call_cumulative(fn, m, kwargs) for m, kwargs in good],
+            "bad": [outcome(fn, m) for m, _ in bad]}
+
+
+def _probe_ablation_table(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import outcome
+
+    fn = answers["ablation_table"]
+    good, bad = table_cases(seed)
+    return {"visible": [outcome(fn, [dict(r) for r in rows]) for rows in VISIBLE_TABLES],
+            "good": [outcome(fn, rows) for rows in good], "empty": outcome(fn, []),
+            "bad": [outcome(fn, rows) for rows, _ in bad]}
+
+
+def _probe_final_verified(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.grading.probing import encode
+
+    return {"final": _config_data(answers["FINAL"]), "claim": encode(answers.get("CLAIM"))}
+
+
+def _read_capped(path: Path) -> str | None:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > REPORT_CAP_BYTES:
+        return None
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _probe_report(answers: Any, seed: int) -> dict[str, Any]:
+    results_path = answers.get("RESULTS_PATH")
+    return {"report": _read_capped(Path(REPORT_FILE)),
+            "results": _read_capped(Path(results_path)) if isinstance(results_path, (str, os.PathLike)) else None}
+
+
+PROBES = {
+    "test_final_config": _probe_final_config,
+    "test_cumulative_visible": _probe_cumulative_visible,
+    "test_cumulative_hidden": _probe_cumulative_hidden,
+    "test_ablation_table": _probe_ablation_table,
+    "test_final_verified": _probe_final_verified,
+    "test_accuracy": lambda answers, seed: {"final": _config_data(answers["FINAL"])},
+    "test_report": _probe_report,
+}

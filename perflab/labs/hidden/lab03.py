@@ -1,61 +1,42 @@
-"""Lab 03's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 03's judges and the reference answers they compare against; grader-only: the student bundle
+and the grading sandbox leave this module out.
 
-The hidden test cells of `solutions/lab03_amp` import this module inside their `BEGIN HIDDEN TESTS`
-blocks and call the `check_*` functions below with the student's functions: random problems drawn
-from a seed, on every device this machine has, AssertionError on the first problem. The contract
-they check, and the visible `*_problems` checks they are built on, are in `perflab/labs/lab03.py`.
-
-`python -m perflab.labs.hidden.lab03` rewrites the visible census check's stored expected censuses
-(`lab03.CENSUS_FILE`) from the reference census below.
+Each judge in `JUDGES` decides one autograded cell from what the lab's probe
+(`perflab.labs.lab03.PROBES`) returned: it draws the same problems from the grader's seed, computes
+the FP32 references and the expected census here (`lab03.*_from`), and raises AssertionError with the
+student's feedback line on the first problem. AMP_CONFIG's correctness run and its re-measurement
+happen here too. A solution notebook's hidden blocks run probe and judge in-process with
+`check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import random
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab03
 from perflab.labs.lab03 import (
     CENSUS_FILE,
-    StepFn,
     _one_thread,
     as_dtype,
     census_case,
     census_inputs,
-    census_problems,
     dtype_name,
-    low_precision_problems,
-    parity_problems,
-    scaler_problems,
 )
+from perflab.workload import TrainConfig
 
 # The problems of the visible census check (`census_problems(dtype_census, 5, dtype)` on the CPU):
 # the only ones whose expected census CENSUS_FILE stores.
 VISIBLE_CENSUS_CASES: tuple[tuple[int, torch.dtype], ...] = ((5, torch.float32), (5, torch.bfloat16))
-
-
-def draw_seed() -> int:
-    """A fresh seed for a hidden test (printed with any failure, so a failure can be replayed)."""
-    return random.SystemRandom().randrange(2**31)
-
-
-def iter_devices() -> Iterator[str]:
-    """The devices the hidden tests check on: the CPU always, and CUDA where there is one."""
-    yield "cpu"
-    if torch.cuda.is_available():
-        yield "cuda"
-
-
-def _problems_for(seed: int, count: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(2**31) for _ in range(count)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,40 +102,122 @@ def write_visible_census(path: str | Path = CENSUS_FILE) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# The hidden tests: several random problems per call, failing with the first problem in words
+# The judges
 
 
-def check_amp_step(step: StepFn, seed: int, *, problems: int = 3) -> None:
-    """Random problems: losses within tolerance of FP32 at every precision, never NaN, convolutions and
-    linear layers computing in the low dtype, no gradient left behind; on CUDA too where there is one."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                found = parity_problems(step, s, dtype, device=device) or low_precision_problems(step, s, dtype,
-                                                                                                 device=device)
-                assert not found, found[0]
+def _first(problems: list[str]) -> None:
+    assert not problems, problems[0]
 
 
-def check_scaler(step: StepFn, seed: int, *, problems: int = 2) -> None:
-    """Random problems: fp16 with a GradScaler scales, unscales, skips overflowing steps, updates the scale."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            found = scaler_problems(step, s, device=device)
-            assert not found, found[0]
+def _step(observed: Any, seed: int, device: str) -> None:
+    assert isinstance(observed, Mapping), "no result"
+    for dtype in lab03.STEP_DTYPES:
+        part = observed.get(dtype_name(dtype))
+        assert isinstance(part, Mapping), f"no result at {dtype_name(dtype)}"
+        _first(lab03.parity_from(part.get("parity"), seed, dtype, device=device)
+               or lab03.low_precision_from(part.get("low"), seed, dtype, device=device))
 
 
-def check_census(census_fn: Callable[..., Any], seed: int, *, problems: int = 3) -> None:
-    """Random small CNNs at every precision and ResNet-18 in the low precisions, on every device checked."""
-    for device in iter_devices():
-        for s in _problems_for(seed, problems):
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                found = census_problems(census_fn, s, dtype, device=device,
-                                        expected=expected_census(s, dtype, device=device))
-                assert not found, found[0]
-        for dtype in (torch.bfloat16, torch.float16):
-            found = census_problems(census_fn, seed, dtype, device=device, resnet=True,
-                                    expected=expected_census(seed, dtype, device=device, resnet=True))
-            assert not found, found[0]
+def judge_step_visible(observed: Any, ctx: Context) -> None:
+    _step(observed, lab03.VISIBLE_STEP_SEED, "cpu")
+
+
+def judge_step_hidden(observed: Any, ctx: Context) -> None:
+    for device in lab03.devices():
+        runs = observed.get(device)
+        seeds = lab03.problems_for(ctx.seed, lab03.HIDDEN_STEP_PROBLEMS)
+        assert isinstance(runs, list) and len(runs) == len(seeds), f"no result for every problem on {device}"
+        for s, run in zip(seeds, runs, strict=True):
+            _step(run, s, device)
+
+
+def judge_scaler(observed: Any, ctx: Context) -> None:
+    _first(lab03.scaler_from(observed.get("visible"), lab03.VISIBLE_SCALER_SEED))
+    hidden = observed.get("hidden")
+    assert isinstance(hidden, Mapping), "no result for the random problems"
+    for device in lab03.devices():
+        runs = hidden.get(device)
+        seeds = lab03.problems_for(ctx.seed, lab03.HIDDEN_SCALER_PROBLEMS)
+        assert isinstance(runs, list) and len(runs) == len(seeds), f"no result for every problem on {device}"
+        for s, run in zip(seeds, runs, strict=True):
+            _first(lab03.scaler_from(run, s, device=device))
+
+
+def judge_census_visible(observed: Any, ctx: Context) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        s = lab03.VISIBLE_CENSUS_SEED
+        _first(lab03.census_from(observed.get(dtype_name(dtype)), s, dtype, expected=expected_census(s, dtype)))
+
+
+def judge_census_hidden(observed: Any, ctx: Context) -> None:
+    for device in lab03.devices():
+        part = observed.get(device)
+        assert isinstance(part, Mapping), f"no result on {device}"
+        seeds = lab03.problems_for(ctx.seed, lab03.HIDDEN_CENSUS_PROBLEMS)
+        small = part.get("small")
+        assert isinstance(small, list) and len(small) == len(seeds), f"no result for every problem on {device}"
+        for s, run in zip(seeds, small, strict=True):
+            assert isinstance(run, Mapping), "no result"
+            for dtype in lab03.STEP_DTYPES:
+                _first(lab03.census_from(run.get(dtype_name(dtype)), s, dtype, device=device,
+                                         expected=expected_census(s, dtype, device=device)))
+        resnet = part.get("resnet")
+        assert isinstance(resnet, Mapping), "no result for ResNet-18"
+        for dtype in lab03.LOW_PRECISION:
+            _first(lab03.census_from(resnet.get(dtype_name(dtype)), ctx.seed, dtype, device=device, resnet=True,
+                                     expected=expected_census(ctx.seed, dtype, device=device, resnet=True)))
+
+
+def exported_config(observed: Any) -> TrainConfig:
+    """AMP_CONFIG as the notebook exported it, rebuilt here from its fields."""
+    assert isinstance(observed, Mapping), "AMP_CONFIG could not be read"
+    if observed.get("config") is None:
+        raise AssertionError(f"AMP_CONFIG: expected a perflab.workload.TrainConfig, got {observed.get('type')}")
+    try:
+        return TrainConfig.from_dict(dict(observed["config"]))
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(f"AMP_CONFIG is not a valid TrainConfig: {exc}") from None
+
+
+def _claim(observed: Mapping[str, Any]) -> float | None:
+    claim = decode_float(observed.get("claim"))
+    return claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+
+
+def judge_config(observed: Any, ctx: Context) -> None:
+    config = exported_config(observed)
+    _first(lab03.config_problems(config, ctx.mode) or lab03.config_parity_problems(config, ctx.mode))
+    assert _claim(observed) is not None, (f"CLAIM: a positive number (your measured speedup), got "
+                                          f"{observed.get('claim')!r}")
+
+
+def judge_verified(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+
+    config = exported_config(observed)
+    _first(lab03.config_problems(config, ctx.mode))
+    s = lab03.sizes(ctx.mode)
+    verdict, expectation = common.verify_against_bar(lab03.baseline_config(ctx.mode), config,
+                                                     lab03.expectation_name(config.device_type),
+                                                     claim=_claim(observed), max_pairs=s.verify_max_pairs,
+                                                     max_seconds=s.verify_seconds)
+    return common.mark_of(verdict, expectation)
+
+
+JUDGES = {
+    "test_amp_step_visible": judge_step_visible,
+    "test_amp_step_hidden": judge_step_hidden,
+    "test_amp_step_scaler": judge_scaler,
+    "test_census_visible": judge_census_visible,
+    "test_census_hidden": judge_census_hidden,
+    "test_amp_config": judge_config,
+    "test_amp_verified": judge_verified,
+}
+
+
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab03.LAB, grade_id, namespace, seed)
 
 
 if __name__ == "__main__":

@@ -1,73 +1,41 @@
-"""Lab 06's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 06's judges and the reference answers they compare against; grader-only: the student bundle
+and the grading sandbox leave this module out.
 
-The hidden test cells of `solutions/lab06_together` import this module inside their `BEGIN HIDDEN
-TESTS` blocks and call the `check_*` functions below with the student's functions: random cases
-drawn from a seed, AssertionError on the first problem. The contract they check, and the visible
-`cumulative_problems` that `check_cumulative_speedups` is built on, are in `perflab/labs/lab06.py`.
+Each judge in `JUDGES` decides one autograded cell from what the lab's probe
+(`perflab.labs.lab06.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
+reference answer here, and raises AssertionError with the student's feedback line on the first
+problem. The re-measured speedup and the accuracy run happen here too, from the exported FINAL.
+A solution notebook's hidden blocks run probe and judge in-process with `check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab06
 from perflab.labs.lab06 import (
     CI_SEED,
     CUMULATIVE_FILE,
     PARITY,
     QUANTILE,
+    VISIBLE_ABLATION,
+    VISIBLE_TABLES,
     _close,
-    cumulative_problems,
     ratio_ci,
+    rows_problems,
 )
+from perflab.workload import TrainConfig
 
 # The visible test cell's example (each change halves the time), whose rows CUMULATIVE_FILE stores.
-VISIBLE_EXAMPLES: tuple[dict[str, list[float]], ...] = (
-    {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55], "+ bf16": [0.25, 0.3, 0.26, 0.25]},
-)
-
-# ---------------------------------------------------------------------------------------------
-# Random cases
-
-
-def random_measurements(rng: random.Random, configs: int | None = None, blocks: int | None = None,
-                        ) -> dict[str, list[float]]:
-    """A random ablation: a baseline, then configs that each add a change with a random true speedup,
-    timed in noisy blocks (lognormal jitter plus occasional interference that only adds time)."""
-    configs = configs if configs is not None else rng.randint(1, 5)
-    blocks = blocks if blocks is not None else rng.randint(4, 24)
-    level = rng.uniform(0.02, 2.0)
-    names = ["baseline"] + [f"{rng.choice(['+ workers', '+ bf16', '+ channels_last', '+ compile', '+ ckpt'])}"
-                            f" #{i}" for i in range(1, configs + 1)]
-    out: dict[str, list[float]] = {}
-    for name in names:
-        noise = rng.uniform(0.005, 0.1)
-        out[name] = [level * math.exp(rng.gauss(0, noise)) * (1 + (rng.random() < 0.15) * rng.uniform(0, 0.6))
-                     for _ in range(blocks)]
-        level /= rng.uniform(0.6, 2.5)
-    return out
-
-
-def random_rows(rng: random.Random, n: int | None = None, final: float | None = None) -> list[dict[str, Any]]:
-    """Random cumulative rows (each with a CI around it); `final` pins the last speedup."""
-    n = n if n is not None else rng.randint(1, 6)
-    level, rows = 1.0, []
-    for i in range(n):
-        level *= math.exp(rng.gauss(0.15, 0.3))
-        if final is not None and i == n - 1:
-            level = final
-        width = rng.uniform(0.01, 0.2) * level
-        rows.append({"name": f"change {i + 1}", "speedup": level, "ci": [level - width, level + width],
-                     "cumulative": True})
-    return rows
-
+VISIBLE_EXAMPLES: tuple[dict[str, list[float]], ...] = (VISIBLE_ABLATION,)
 
 # ---------------------------------------------------------------------------------------------
 # The reference answers and the checks built on them (the problems in words, empty when all is well)
@@ -113,9 +81,8 @@ def reference_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def table_problems(fn: Callable[[Sequence[Mapping[str, Any]]], Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Does `fn(rows)` return the contract's records?"""
-    got = fn(rows)
+def table_problems(got: Any, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with `ablation_table(rows)`'s output `got`?"""
     want = reference_table(rows)
     where = f"ablation of {len(rows)} rows (final {rows[-1]['speedup']:.4g}x)" if rows else "no rows"
     if not isinstance(got, list) or len(got) != len(want):
@@ -139,66 +106,145 @@ def table_problems(fn: Callable[[Sequence[Mapping[str, Any]]], Any], rows: Seque
     return []
 
 
-def _raises_value_error(fn: Callable[..., Any], *args: Any, must_name: str = "measurements") -> str | None:
+def _value_error(got: Any, what: str, must_name: str) -> None:
+    """`got` (an `outcome`) must be a ValueError whose message names `must_name`."""
+    assert isinstance(got, dict), f"{what}: no result"
+    if "raised" not in got:
+        raise AssertionError(f"{what}: expected ValueError, nothing was raised")
+    assert got["raised"] == "ValueError", f"{what}: expected ValueError, got {got['raised']}: {got.get('message', '')}"
+    assert must_name in str(got.get("message", "")), f"{what}: the ValueError should name {must_name!r}: {got.get('message')}"
+
+
+def _value(got: Any, what: str) -> Any:
+    assert isinstance(got, dict), f"{what}: no result"
+    if "raised" in got:
+        raise AssertionError(f"{what} raised {got['raised']}: {got.get('message', '')}")
+    return got.get("value")
+
+
+def _decoded(value: Any) -> Any:
+    """Rows as `encode` wrote them, with numbers back as floats (NaN and infinities included)."""
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    if isinstance(value, dict):
+        number = decode_float(value) if set(value) == {"float"} else None
+        return number if number is not None else {k: _decoded(v) for k, v in value.items()}
+    return value
+
+
+def _cumulative(got: Any, measurements: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    assert isinstance(got, dict), "no result"
+    assert got.get("mutated") is False, "cumulative_speedups changed its input measurements"
+    rows = _decoded(_value(got, "cumulative_speedups"))
+    problems = rows_problems(rows, measurements, reference_cumulative(measurements, **kwargs),
+                             kwargs.get("quantile", QUANTILE))
+    assert not problems, problems[0]
+
+
+def config_of(data: Any, name: str) -> TrainConfig:
+    """A configuration the notebook exported, rebuilt here from its fields."""
+    assert isinstance(data, dict), f"{name} could not be read"
+    if data.get("config") is None:
+        raise AssertionError(f"{name}: expected a perflab.workload.TrainConfig, got {data.get('type')}")
     try:
-        fn(*args)
-    except ValueError as exc:
-        if must_name not in str(exc):
-            return f"the ValueError should name {must_name!r}: {exc}"
-        return None
-    except Exception as exc:  # noqa: BLE001 - any other error is the wrong one, reported in words
-        return f"expected ValueError, got {type(exc).__name__}: {exc}"
-    return "expected ValueError, nothing was raised"
+        return TrainConfig.from_dict(dict(data["config"]))
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(f"{name} is not a valid TrainConfig: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------
-# The hidden tests: random cases drawn from `seed`, AssertionError on the first problem
+def judge_final_config(observed: Any, ctx: Context) -> None:
+    final = config_of(observed.get("final"), "FINAL")
+    steps = observed.get("chain")
+    if not isinstance(steps, list):
+        raise AssertionError("CHAIN: expected a list of (name, TrainConfig) pairs starting with ('baseline', BASELINE)")
+    chain = [(step.get("name"), config_of(step, f"CHAIN step {step.get('name')!r}")) for step in steps]
+    problems = lab06.final_problems(final, chain, ctx.mode)
+    assert not problems, problems[0]
 
 
-def check_cumulative_speedups(fn: Callable[..., Any], seed: int, cases: int = 12) -> None:
-    """Random ablations (with the quantile and seed varied), and the bad inputs."""
-    rng = random.Random(seed)
-    for case in range(cases):
-        m = random_measurements(rng)
-        kwargs: dict[str, Any] = {}
-        if case % 3 == 1:
-            kwargs["quantile"] = rng.choice([0.1, 0.5, 0.8])
-        if case % 4 == 2:
-            kwargs["seed"] = rng.randint(1, 10_000)
-        problems = cumulative_problems(fn, m, reference_cumulative(m, **kwargs), **kwargs)
-        assert not problems, problems[0]
-    good = random_measurements(rng, configs=2, blocks=6)
-    base = good["baseline"]
-    bad_inputs = [
-        ({"baseline": base}, "only the baseline"),
-        ({"baseline": base, "short": base[:3]}, "another number of blocks"),
-        ({"baseline": base[:1], "one": base[:1]}, "a single block"),
-        ({"baseline": base, "neg": [-1.0] + base[1:]}, "a negative time"),
-        ({"baseline": base, "nan": [float("nan")] + base[1:]}, "a NaN time"),
-        ({"baseline": base, "zero": [0.0] * len(base)}, "zero times"),
-    ]
-    for bad, what in bad_inputs:
-        problem = _raises_value_error(fn, bad)
-        assert problem is None, f"cumulative_speedups with {what}: {problem}"
+def judge_cumulative_visible(observed: Any, ctx: Context) -> None:
+    _cumulative(observed, VISIBLE_ABLATION, {})
 
 
-def check_ablation_table(fn: Callable[[Sequence[Mapping[str, Any]]], Any], seed: int, cases: int = 15) -> None:
-    """Random ablations, some ending within PARITY of 1.0 and some losing time, and the bad inputs."""
-    rng = random.Random(seed)
-    for case in range(cases):
-        final = None
-        if case % 5 == 3:
-            final = 1.0 + rng.uniform(-0.6, 0.6) * PARITY
-        elif case % 5 == 4:
-            final = rng.uniform(0.4, 0.9)
-        problems = table_problems(fn, random_rows(rng, final=final))
-        assert not problems, problems[0]
-    assert fn([]) == [], "ablation_table([]) should be []"
-    for bad in (0.0, -1.5, float("nan"), float("inf")):
-        rows = random_rows(rng, 2)
-        rows[1]["speedup"] = bad
-        problem = _raises_value_error(fn, rows, must_name=rows[1]["name"])
-        assert problem is None, f"ablation_table with a speedup of {bad}: {problem}"
+def judge_cumulative_hidden(observed: Any, ctx: Context) -> None:
+    good, bad = lab06.cumulative_cases(ctx.seed)
+    got_good, got_bad = observed.get("good"), observed.get("bad")
+    assert isinstance(got_good, list) and len(got_good) == len(good), "no result for every ablation"
+    for (m, kwargs), got in zip(good, got_good, strict=True):
+        _cumulative(got, m, kwargs)
+    assert isinstance(got_bad, list) and len(got_bad) == len(bad), "no result for every bad input"
+    for (_, what), got in zip(bad, got_bad, strict=True):
+        _value_error(got, f"cumulative_speedups with {what}", "measurements")
+
+
+def judge_ablation_table(observed: Any, ctx: Context) -> None:
+    good, bad = lab06.table_cases(ctx.seed)
+    for name, cases in (("visible", list(VISIBLE_TABLES)), ("good", good)):
+        got = observed.get(name)
+        assert isinstance(got, list) and len(got) == len(cases), "no result for every ablation"
+        for rows, result in zip(cases, got, strict=True):
+            problems = table_problems(_decoded(_value(result, "ablation_table")), rows)
+            assert not problems, problems[0]
+    assert _value(observed.get("empty"), "ablation_table([])") == [], "ablation_table([]) should be []"
+    got_bad = observed.get("bad")
+    assert isinstance(got_bad, list) and len(got_bad) == len(bad), "no result for every bad input"
+    for (rows, value), got in zip(bad, got_bad, strict=True):
+        _value_error(got, f"ablation_table with a speedup of {value}", rows[1]["name"])
+
+
+def judge_final_verified(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+
+    final = config_of(observed.get("final"), "FINAL")
+    problems = lab06.final_problems(final, mode=ctx.mode)
+    assert not problems, problems[0]
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+    s = lab06.sizes(ctx.mode)
+    verdict, expectation = common.verify_against_bar(lab06.baseline_config(ctx.mode), final, lab06.EXPECTATION,
+                                                     claim=claim, max_pairs=s.verify_max_pairs,
+                                                     max_seconds=s.verify_seconds)
+    return common.mark_of(verdict, expectation)
+
+
+def judge_accuracy(observed: Any, ctx: Context) -> None:
+    """The grader trains the baseline and FINAL itself (fixed seeds) and compares their accuracy."""
+    final = config_of(observed.get("final"), "FINAL")
+    problems = lab06.final_problems(final, mode=ctx.mode)
+    assert not problems, problems[0]
+    acc = lab06.measure_accuracy(lab06.baseline_config(ctx.mode), final, lab06.sizes(ctx.mode).accuracy_steps)
+    problems = lab06.accuracy_problems(acc)
+    assert not problems, problems[0]
+
+
+def judge_report(observed: Any, ctx: Context) -> None:
+    import tempfile
+
+    report, results = observed.get("report"), observed.get("results")
+    assert isinstance(report, str), f"{lab06.REPORT_FILE}: no report written (render it with perflab.report.write_report)"
+    assert isinstance(results, str), "the results file the report was made from could not be read"
+    with tempfile.TemporaryDirectory(prefix="perflab-report-") as tmp:
+        report_path, results_path = Path(tmp) / lab06.REPORT_FILE, Path(tmp) / f"{lab06.LAB}.json"
+        report_path.write_text(report, encoding="utf-8")
+        results_path.write_text(results, encoding="utf-8")
+        problems = lab06.report_problems(report_path, results_path)
+    assert not problems, problems[0].replace(str(report_path), lab06.REPORT_FILE)
+
+
+JUDGES = {
+    "test_final_config": judge_final_config,
+    "test_cumulative_visible": judge_cumulative_visible,
+    "test_cumulative_hidden": judge_cumulative_hidden,
+    "test_ablation_table": judge_ablation_table,
+    "test_final_verified": judge_final_verified,
+    "test_accuracy": judge_accuracy,
+    "test_report": judge_report,
+}
+
+
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab06.LAB, grade_id, namespace, seed)
 
 
 if __name__ == "__main__":
