@@ -171,7 +171,7 @@ for line, reason in found:
 # Hidden tests: functions you have not seen (one break, two, none, prints), on random shapes.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab05 as hidden05
-hidden05.check_graph_breaks(graph_breaks, seed=505)
+hidden05.check("test_graph_breaks_hidden", globals())
 ### END HIDDEN TESTS
 print("graph_breaks: the lines dynamo broke at")
 
@@ -234,7 +234,7 @@ print("FixedBlock: zero graph breaks, BrokenBlock's outputs on both branches")
 # Hidden tests: random widths, batches and scales, both branches; explain must find zero breaks.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab05 as hidden05
-hidden05.check_fixed_block(FixedBlock, seed=5050)
+hidden05.check("test_fixed_hidden", globals())
 ### END HIDDEN TESTS
 print("FixedBlock: zero graph breaks on random inputs")
 
@@ -309,7 +309,7 @@ print(result.describe())
 # (an already-compiled function measured twice must be compiled twice).
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab05 as hidden05
-hidden05.check_measure_compile(measure_compile, seed=55)
+hidden05.check("test_measure_compile_hidden", globals())
 ### END HIDDEN TESTS
 print("measure_compile: exact against a scripted clock, resets dynamo")
 
@@ -485,7 +485,7 @@ print("break_even_steps: visible cases pass")
 # Hidden tests: random measurements (about a quarter without any saving), the edges, bad arguments.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab05 as hidden05
-hidden05.check_break_even(break_even_steps, seed=5)
+hidden05.check("test_break_even_hidden", globals())
 ### END HIDDEN TESTS
 print("break_even_steps: random measurements")
 
@@ -618,7 +618,7 @@ print(f"one graph over two epochs of {len(steps) // 2} steps (batch sizes {sorte
 # no repeated samples, outputs equal to the model's, one graph over two epochs.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab05 as hidden05
-hidden05.check_no_recompile(no_recompile_setup, seed=5005)
+hidden05.check("test_no_recompile_hidden", globals())
 ### END HIDDEN TESTS
 print("no_recompile_setup: one graph over ragged epochs")
 

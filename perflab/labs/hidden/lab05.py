@@ -1,130 +1,32 @@
-"""Lab 05's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 05's judges and the reference answers they compare against; grader-only: the student bundle
+and the grading sandbox leave this module out.
 
-The contract these checks enforce is stated in `perflab.labs.lab05`; the hidden test cells of
-`solutions/lab05_compile` call the `check_*` functions below with the student's functions.
+Each judge in `JUDGES` decides one autograded cell from what the lab's probe
+(`perflab.labs.lab05.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
+reference here (dynamo's own break lines, eager BrokenBlock's outputs, the break-even step count, the
+re-measurement of CHOICE) and raises AssertionError with the student's feedback line on the first
+problem. A solution notebook's hidden blocks run probe and judge in-process with
+`check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from perflab.labs.lab05 import (
-    BrokenBlock,
-    CompileTiming,
-    CountingBackend,
-    FakeClock,
-    IndexedFeatures,
-    ScriptedBuild,
-    _paired_blocks,
-    quiet,
-    recompile_reasons,
-)
+from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab05
+from perflab.labs.lab05 import BrokenBlock, quiet
 
 # Outputs of the fixed block against the original, both eager: the rewrite computes the same
 # float32 operations, so only np.interp (float64, then rounded) differs, by an ulp or so.
 FIXED_RTOL, FIXED_ATOL = 1e-5, 1e-5
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks: measure_compile
-
-
-def _as_timing(result: Any) -> CompileTiming:
-    assert isinstance(result, CompileTiming), \
-        f"measure_compile should return a CompileTiming, got {type(result).__name__}"
-    return result
-
-
-def check_measure_compile(measure_compile: Callable[..., CompileTiming], seed: int = 0, cases: int = 4) -> None:
-    """Exact against a scripted clock; build untimed; a sync after every call; a reset before building."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        steps = int(rng.integers(1, 12))
-        clock = FakeClock(float(rng.uniform(0, 1e4)))
-        costs = [float(rng.integers(1, 4000)) / 1024 for _ in range(steps + 1)]
-        costs[0] += float(rng.integers(1000, 40000)) / 1024  # the compile
-        build = ScriptedBuild(clock, float(rng.integers(1, 500)) / 1024, costs)
-        got = _as_timing(measure_compile(build, steps, clock=clock, sync=build.sync))
-        assert build.builds == 1, f"build() should be called once, it was called {build.builds} times"
-        assert build.calls == steps + 1, f"steps={steps}: step() should run {steps + 1} times (the first, then "\
-                                         f"{steps} steady), it ran {build.calls} times"
-        assert build.syncs >= steps + 1, f"sync() should follow every timed call ({steps + 1}), it ran {build.syncs} times"
-        assert abs(got.first - costs[0]) < 1e-9, (
-            f"first: expected {costs[0]:.6f} s (the first call only; build() is not timed), got {got.first:.6f}")
-        assert len(got.steady) == steps and all(abs(a - b) < 1e-9 for a, b in zip(got.steady, costs[1:], strict=True)), \
-            f"steady: expected {costs[1:]}, got {list(got.steady)}"
-    for bad in (0, -2):
-        try:
-            measure_compile(ScriptedBuild(FakeClock(), 0.0, [1.0]), bad, clock=FakeClock())
-        except ValueError as exc:
-            assert "steps" in str(exc), f"the error should name steps: {exc}"
-        else:
-            raise AssertionError(f"steps={bad} should raise ValueError")
-    _check_reset(measure_compile, seed)
-
-
-def _reset_probe(x: torch.Tensor) -> torch.Tensor:
-    return torch.sin(x) * 2 + 1
-
-
-def _check_reset(measure_compile: Callable[..., CompileTiming], seed: int) -> None:
-    """Measuring the same compiled function twice must compile twice: dynamo's caches reset first."""
-    counter = CountingBackend()
-    x = torch.randn(int(np.random.default_rng(seed).integers(2, 9)), 3)
-
-    def build() -> Callable[[], torch.Tensor]:
-        compiled = torch.compile(_reset_probe, backend=counter)
-        return lambda: compiled(x)
-
-    with quiet():
-        torch._dynamo.reset()
-        build()()  # compiled once before the measurements: a cache they must not reuse
-        for _ in range(2):
-            measure_compile(build, 1)
-    assert counter.count == 3, (
-        f"measuring an already-compiled function twice compiled it {counter.count - 1} time(s) instead of 2: "
-        "call torch._dynamo.reset() before build(), or the first call reuses earlier compiled code")
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks: graph breaks
-
-
-def _one_item(x: torch.Tensor) -> torch.Tensor:
-    y = x.relu()
-    n = y.sum().item()
-    return y / (n + 1)
-
-
-def _branch_and_numpy(x: torch.Tensor) -> torch.Tensor:
-    y = x * 2
-    if y.sum() > 0:
-        y = y + 1
-    z = np.interp(y.numpy(), [0.0, 1.0], [1.0, 3.0])
-    return torch.from_numpy(z) + y
-
-
-def _no_break(x: torch.Tensor) -> torch.Tensor:
-    y = torch.where(x.sum() > 0, x + 1, x)
-    return y.clamp(0, 1) * 2 + 1
-
-
-def _print_twice(x: torch.Tensor) -> torch.Tensor:
-    y = x.exp()
-    print("first", y.shape)
-    y = y * 3
-    print("second")
-    return y.sum(0)
-
-
-_BREAK_PROBES = (_one_item, _branch_and_numpy, _no_break, _print_twice)
 
 
 def reference_breaks(fn: Callable[..., Any], *args: Any) -> list[tuple[int, str]]:
@@ -133,70 +35,6 @@ def reference_breaks(fn: Callable[..., Any], *args: Any) -> list[tuple[int, str]
         out = torch._dynamo.explain(fn)(*args)
     return [(int(r.user_stack[-1].lineno) if r.user_stack else -1, str(r.reason).splitlines()[0])
             for r in out.break_reasons]
-
-
-def _breaks_of(graph_breaks: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> list[tuple[int, str]]:
-    with quiet():
-        got = graph_breaks(fn, *args)
-    assert isinstance(got, list), f"graph_breaks should return a list, got {type(got).__name__}"
-    rows = []
-    for row in got:
-        assert isinstance(row, tuple) and len(row) == 2, f"each break should be a (line, reason) tuple, got {row!r}"
-        line, reason = row
-        assert isinstance(reason, str) and reason.strip(), f"each break needs a reason in words, got {reason!r}"
-        rows.append((int(line), reason))
-    return rows
-
-
-def check_graph_breaks(graph_breaks: Callable[..., list[tuple[int, str]]], seed: int = 0) -> None:
-    """The student's break finder names the lines dynamo broke at, in functions it has never seen."""
-    rng = np.random.default_rng(seed)
-    for index in rng.permutation(len(_BREAK_PROBES)):
-        fn = _BREAK_PROBES[int(index)]
-        x = torch.randn(int(rng.integers(2, 6)), int(rng.integers(2, 6)))
-        if fn is _branch_and_numpy:
-            x = x.abs() * float(rng.choice([-1.0, 1.0]))
-        want = [line for line, _ in reference_breaks(fn, x)]
-        got = [line for line, _ in _breaks_of(graph_breaks, fn, x)]
-        assert got == want, f"{fn.__name__}: dynamo breaks at lines {want}, you found {got}"
-    block = BrokenBlock(int(rng.integers(4, 12)))
-    x = torch.randn(int(rng.integers(2, 8)), block.norm.normalized_shape[0])
-    want = [line for line, _ in reference_breaks(block, x)]
-    got = [line for line, _ in _breaks_of(graph_breaks, block, x)]
-    assert got == want, f"BrokenBlock: dynamo breaks at lines {want}, you found {got}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks: the fixed block
-
-
-def _cases(rng: np.random.Generator, n: int) -> Iterator[tuple[int, int, float]]:
-    for k in range(n):
-        yield int(rng.integers(4, 24)), int(rng.integers(2, 12)), (3.0 if k % 2 == 0 else -3.0) * float(rng.uniform(0.5, 2))
-
-
-def check_fixed_block(fixed_cls: type[nn.Module], seed: int = 0, cases: int = 4) -> None:
-    """Zero graph breaks (torch._dynamo.explain) and the original's outputs, on random shapes and both branches."""
-    rng = np.random.default_rng(seed)
-    for width, batch, bias in _cases(rng, cases):
-        original, fixed = _paired_blocks(fixed_cls, width, rng, bias)
-        x = torch.randn(batch, width) * float(rng.uniform(0.5, 4))
-        with quiet():
-            want = original(x)
-            got = fixed(x)
-            explained = torch._dynamo.explain(fixed)(x)
-        where = f"width {width}, batch {batch}, fc2.bias shifted by {bias:+.2f}"
-        assert explained.graph_break_count == 0, (
-            f"{where}: FixedBlock still has {explained.graph_break_count} graph break(s): "
-            + "; ".join(str(r.reason).splitlines()[0] for r in explained.break_reasons))
-        assert isinstance(got, torch.Tensor) and got.shape == want.shape, \
-            f"{where}: output shape {tuple(getattr(got, 'shape', ()))}, expected {tuple(want.shape)}"
-        assert torch.allclose(got, want, rtol=FIXED_RTOL, atol=FIXED_ATOL), (
-            f"{where}: outputs differ from BrokenBlock's by up to {(got - want).abs().max().item():.3g}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks: break-even
 
 
 def reference_break_even(compile_seconds: float, eager_step: float, compiled_step: float) -> float:
@@ -222,87 +60,234 @@ def _break_even_ok(got: Any, c: float, e: float, k: float) -> bool:
     return int(got) == want
 
 
-def check_break_even(break_even_steps: Callable[..., float], seed: int = 0, cases: int = 40) -> None:
-    """Random measurements, about a quarter of them without any saving, the edges, and bad arguments."""
-    rng = np.random.default_rng(seed)
-    fixed = [(30.0, 0.2, 0.1), (12.5, 0.05, 0.05), (90.0, 0.3, 0.31), (0.0, 0.2, 0.1), (0.0, 0.1, 0.2)]
-    draws = []
-    for _ in range(cases):
-        e = float(10 ** rng.uniform(-4, 0))
-        draws.append((float(10 ** rng.uniform(-1, 2.5)), e, e * float(rng.uniform(0.3, 1.3))))
-    for c, e, k in fixed + draws:
-        got = break_even_steps(c, e, k)
-        want = reference_break_even(c, e, k)
-        assert _break_even_ok(got, c, e, k), (
-            f"break_even_steps({c!r}, {e!r}, {k!r}) = {got!r}, expected {want!r}"
-            + (" (no saving per step: it never pays, math.inf)" if want == math.inf else ""))
-    for args, name in (((-1.0, 0.2, 0.1), "compile_seconds"), ((math.nan, 0.2, 0.1), "compile_seconds"),
-                       ((5.0, 0.0, 0.1), "eager_step"), ((5.0, -0.2, 0.1), "eager_step"),
-                       ((5.0, 0.2, 0.0), "compiled_step"), ((5.0, 0.2, math.inf), "compiled_step")):
-        try:
-            break_even_steps(*args)
-        except ValueError as exc:
-            assert name in str(exc), f"break_even_steps{args}: the error should name {name}: {exc}"
-        else:
-            raise AssertionError(f"break_even_steps{args} should raise ValueError naming {name}")
+def _value(got: Any, what: str) -> Any:
+    assert isinstance(got, dict), f"{what}: no result"
+    if "raised" in got:
+        raise AssertionError(f"{what} raised {got['raised']}: {got.get('message', '')}")
+    return got.get("value")
 
 
-# ---------------------------------------------------------------------------------------------
-# Checks: recompiles over a ragged epoch
+def _lines(got: Any, what: str) -> list[int]:
+    rows = _value(got, what)
+    assert isinstance(rows, list), f"graph_breaks should return a list, got {rows!r:.80}"
+    lines = []
+    for row in rows:
+        assert isinstance(row, list) and len(row) == 2, f"each break should be a (line, reason) tuple, got {row!r:.80}"
+        line, reason = row
+        assert isinstance(reason, str) and reason.strip(), f"each break needs a reason in words, got {reason!r:.80}"
+        assert isinstance(line, int) and not isinstance(line, bool), f"a break's line should be a number, got {line!r}"
+        lines.append(line)
+    return lines
 
 
-def _tiny_mlp(features: int, classes: int, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(features, 16), nn.GELU(), nn.Linear(16, classes))
+def judge_breaks_visible(observed: Any, ctx: Context) -> None:
+    source, first = inspect.getsourcelines(BrokenBlock.forward)
+    planted = [first + i for i, text in enumerate(source)
+               if any(key in text for key in (".item()", "print(", "if h.mean()", "np.interp"))]
+    found = _lines(observed, "graph_breaks(BrokenBlock(16), x)")
+    assert found == planted, f"expected breaks at lines {planted}, found {found}"
 
 
-def ragged_epochs(compiled: Callable[[torch.Tensor], torch.Tensor], loader: Any, data: IndexedFeatures,
-                  epochs: int = 2) -> list[list[list[int]]]:
-    """Train `compiled` (forward + backward) over `epochs` passes of `loader`; the sample indices of each batch."""
-    seen = []
-    for _ in range(epochs):
-        batches = []
-        for batch in loader:
-            x, y = batch[0], batch[1]
-            loss = nn.functional.cross_entropy(compiled(x), y)
-            loss.backward()
-            batches.append(data.index_of(x))
-        seen.append(batches)
-    return seen
+def judge_breaks_hidden(observed: Any, ctx: Context) -> None:
+    cases = lab05.break_cases(ctx.seed)
+    assert isinstance(observed, list) and len(observed) == len(cases), "no result for every function"
+    for (target, x), got in zip(cases, observed, strict=True):
+        name = getattr(target, "__name__", type(target).__name__)
+        want = [line for line, _ in reference_breaks(target, x)]
+        found = _lines(got, f"graph_breaks({name}, x)")
+        assert found == want, f"{name}: dynamo breaks at lines {want}, you found {found}"
 
 
-def check_no_recompile(no_recompile_setup: Callable[..., Any], seed: int = 0, cases: int = 3) -> None:
-    """One graph over two ragged epochs, on data sets whose size does not divide by the batch."""
-    rng = np.random.default_rng(seed)
-    for _ in range(cases):
-        batch = int(rng.integers(3, 12))
-        size = batch * int(rng.integers(2, 6)) + int(rng.integers(2, batch))  # a ragged tail of at least 2
-        # Features never equal the batch: dynamo gives equal sizes one symbol ("duck shaping"), and the
-        # feature size, fixed by the weights, would then pin the batch size too.
-        features, classes = int(rng.integers(13, 20)), int(rng.integers(2, 5))
-        data = IndexedFeatures(size, features, classes, seed=int(rng.integers(0, 1000)))
-        model = _tiny_mlp(features, classes, int(rng.integers(0, 1000)))
-        counter = CountingBackend()
-        where = f"{size} samples in batches of {batch}"
+def _fixed(observed: Any, cases: list[Mapping[str, Any]]) -> None:
+    assert isinstance(observed, list) and len(observed) == len(cases), "no result for every case"
+    for case, got in zip(cases, observed, strict=True):
+        where = f"width {case['width']}, batch {case['batch']}, fc2.bias shifted by {case['bias']:+.2f}"
+        assert isinstance(got, dict), f"{where}: no result"
+        if "raised" in got:
+            raise AssertionError(f"{where}: FixedBlock raised {got['raised']}: {got.get('message', '')}")
+        original, _ = lab05.paired_for(BrokenBlock, case)
         with quiet():
-            torch._dynamo.reset()
-            compiled, loader = no_recompile_setup(model, data, batch, seed=int(rng.integers(0, 1000)), backend=counter)
-            seen = ragged_epochs(compiled, loader, data)
-            reasons = recompile_reasons()
-            probe = data.x[:batch]
-            same = torch.allclose(compiled(probe), model(probe), atol=1e-6)
-        assert counter.count >= 1, (
+            want = original(lab05._case_input(case))
+        breaks = got.get("breaks")
+        assert breaks == 0, (f"{where}: FixedBlock still has {breaks} graph break(s): "
+                             + "; ".join(map(str, got.get("reasons") or [])))
+        out = lab05._tensor(got.get("output"))
+        assert out is not None and out.shape == want.shape, f"{where}: output shape differs from {tuple(want.shape)}"
+        assert torch.allclose(out, want, rtol=FIXED_RTOL, atol=FIXED_ATOL), (
+            f"{where}: outputs differ from BrokenBlock's by up to {(out - want).abs().max().item():.3g}")
+
+
+def judge_fixed_visible(observed: Any, ctx: Context) -> None:
+    _fixed(observed, list(lab05.VISIBLE_FIXED_CASES))
+
+
+def judge_fixed_hidden(observed: Any, ctx: Context) -> None:
+    _fixed(observed, lab05.fixed_block_cases(ctx.seed))
+
+
+def _measure(got: Any, case: Mapping[str, Any]) -> None:
+    assert isinstance(got, dict), "no result"
+    if "raised" in got:
+        raise AssertionError(f"measure_compile raised {got['raised']}: {got.get('message', '')}")
+    steps, costs = case["steps"], case["costs"]
+    timing = got.get("timing")
+    assert isinstance(timing, dict), f"measure_compile should return a CompileTiming, got {got.get('type')}"
+    assert got.get("builds") == 1, f"build() should be called once, it was called {got.get('builds')} times"
+    assert got.get("calls") == steps + 1, (f"steps={steps}: step() should run {steps + 1} times (the first, then "
+                                           f"{steps} steady), it ran {got.get('calls')} times")
+    syncs = got.get("syncs")
+    assert isinstance(syncs, int) and syncs >= steps + 1, (
+        f"sync() should follow every timed call ({steps + 1}), it ran {syncs} times")
+    first = decode_float(timing.get("first"))
+    assert first is not None and abs(first - costs[0]) < 1e-9, (
+        f"first: expected {costs[0]:.6f} s (the first call only; build() is not timed), got {timing.get('first')}")
+    steady = [decode_float(v) for v in timing.get("steady") or []]
+    assert len(steady) == steps and all(v is not None and abs(v - c) < 1e-9 for v, c in zip(steady, costs[1:], strict=True)), \
+        f"steady: expected {costs[1:]}, got {steady}"
+
+
+def judge_measure_visible(observed: Any, ctx: Context) -> None:
+    (got,) = observed.get("cases") or [None]
+    _measure(got, lab05.measure_compile_cases(ctx.seed)[0])
+
+
+def judge_measure_hidden(observed: Any, ctx: Context) -> None:
+    cases = lab05.measure_compile_cases(ctx.seed)[1:]
+    got = observed.get("cases")
+    assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
+    for case, one in zip(cases, got, strict=True):
+        _measure(one, case)
+    for steps, bad in zip((0, -2), observed.get("bad") or [None, None], strict=True):
+        assert isinstance(bad, dict) and bad.get("raised") == "ValueError", f"steps={steps} should raise ValueError"
+        assert "steps" in str(bad.get("message", "")), f"the error should name steps: {bad.get('message')}"
+    reset = observed.get("reset") or {}
+    assert "raised" not in reset, f"measure_compile raised {reset.get('raised')}: {reset.get('message', '')}"
+    assert reset.get("count") == 3, (
+        f"measuring an already-compiled function twice compiled it {(reset.get('count') or 1) - 1} time(s) instead "
+        "of 2: call torch._dynamo.reset() before build(), or the first call reuses earlier compiled code")
+
+
+def judge_compiled(observed: Any, ctx: Context) -> None:
+    mode = observed.get("mode")
+    mode = mode if isinstance(mode, str) and mode in lab05.COMPILE_MODES else "default"
+    lab05.compiled_from(observed.get("observed"), mode, seed=ctx.seed % 1000)
+
+
+def _break_even_ok(got: Any, c: float, e: float, k: float) -> bool:
+    """Whether `got` is the reference's answer (within one of it when c / (e - k) is a whole number)."""
+    want = reference_break_even(c, e, k)
+    if want == math.inf:
+        return got == math.inf
+    if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got) or got != int(got):
+        return False
+    ratio = c / (e - k)
+    if abs(ratio - round(ratio)) <= 1e-9 * max(1.0, ratio):  # on an integer: rounding may go either way
+        return abs(int(got) - want) <= 1
+    return int(got) == want
+
+
+def _break_even(observed: Any, cases: Any) -> None:
+    values = observed.get("values")
+    assert isinstance(values, list) and len(values) == len(cases), "no result for every case"
+    for (c, e, k), got in zip(cases, values, strict=True):
+        value = _value(got, f"break_even_steps({c!r}, {e!r}, {k!r})")
+        number = decode_float(value)
+        want = reference_break_even(c, e, k)
+        assert number is not None and _break_even_ok(number, c, e, k), (
+            f"break_even_steps({c!r}, {e!r}, {k!r}) = {value!r}, expected {want!r}"
+            + (" (no saving per step: it never pays, math.inf)" if want == math.inf else ""))
+    bad = observed.get("bad")
+    assert isinstance(bad, list) and len(bad) == len(lab05.BREAK_EVEN_BAD), "no result for the bad arguments"
+    for (args, name), got in zip(lab05.BREAK_EVEN_BAD, bad, strict=True):
+        assert isinstance(got, dict) and got.get("raised") == "ValueError", (
+            f"break_even_steps{args} should raise ValueError naming {name}")
+        assert name in str(got.get("message", "")), f"break_even_steps{args}: the error should name {name}: {got.get('message')}"
+
+
+def judge_break_even_visible(observed: Any, ctx: Context) -> None:
+    _break_even(observed, lab05.BREAK_EVEN_VISIBLE)
+
+
+def judge_break_even_hidden(observed: Any, ctx: Context) -> None:
+    _break_even(observed, lab05.break_even_cases(ctx.seed))
+
+
+def _no_recompile(observed: Any, cases: list[Mapping[str, int]]) -> None:
+    assert isinstance(observed, list) and len(observed) == len(cases), "no result for every data set"
+    for case, got in zip(cases, observed, strict=True):
+        size, batch = case["size"], case["batch"]
+        where = f"{size} samples in batches of {batch}"
+        assert isinstance(got, dict), f"{where}: no result"
+        if "raised" in got:
+            raise AssertionError(f"{where}: no_recompile_setup raised {got['raised']}: {got.get('message', '')}")
+        count = got.get("count")
+        assert isinstance(count, int) and count >= 1, (
             f"{where}: no graph reached the backend you were given: compile with torch.compile(..., backend=backend)")
-        assert counter.count == 1, (
-            f"{where}: {counter.count} graphs were compiled over two epochs, one expected. Dynamo recompiled because: "
-            + "; ".join(reasons[:3]))
-        assert same, f"{where}: the compiled model's outputs differ from the model's"
+        assert count == 1, (f"{where}: {count} graphs were compiled over two epochs, one expected. Dynamo recompiled "
+                            "because: " + "; ".join(map(str, got.get("reasons") or [])))
+        data = lab05.IndexedFeatures(size, case["features"], case["classes"], seed=case["data_seed"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(case["model_seed"])
+            model = torch.nn.Sequential(torch.nn.Linear(case["features"], 16), torch.nn.GELU(),
+                                        torch.nn.Linear(16, case["classes"]))
+        with torch.no_grad():
+            want = model(data.x[:batch])
+        out = lab05._tensor(got.get("output"))
+        assert out is not None and out.shape == want.shape and torch.allclose(out, want, atol=1e-5), (
+            f"{where}: the compiled model's outputs differ from the model's")
+        seen = got.get("epochs")
+        assert isinstance(seen, list) and len(seen) == 2, f"{where}: two epochs were asked for"
         for e, batches in enumerate(seen):
             flat = [i for b in batches for i in b]
             assert len(flat) == len(set(flat)), f"{where}: epoch {e + 1} repeats samples"
             assert set(flat) <= set(range(size)), f"{where}: epoch {e + 1} yields samples not in the data set"
-            assert len(flat) > size - batch, (
-                f"{where}: epoch {e + 1} trained on {len(flat)} samples; at most the ragged tail "
-                f"({size % batch}) may be dropped")
+            assert len(flat) > size - batch, (f"{where}: epoch {e + 1} trained on {len(flat)} samples; at most the "
+                                              f"ragged tail ({size % batch}) may be dropped")
             assert all(len(b) == batch for b in batches[:-1]), f"{where}: epoch {e + 1} has a short batch before the last"
         assert seen[0] != seen[1] or len(seen[0]) == 1, f"{where}: both epochs came in the same order; shuffle"
+
+
+def judge_no_recompile_visible(observed: Any, ctx: Context) -> None:
+    _no_recompile(observed, lab05.no_recompile_cases(ctx.seed)[:1])
+
+
+def judge_no_recompile_hidden(observed: Any, ctx: Context) -> None:
+    _no_recompile(observed, lab05.no_recompile_cases(ctx.seed))
+
+
+def judge_choice(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+
+    assert isinstance(observed, dict) and "choice" in observed, "CHOICE could not be read"
+    choice = observed["choice"]
+    problems = lab05.choice_problems(choice)
+    assert not problems, problems[0]
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+    s = lab05.sizes(ctx.mode)
+    baseline, candidate = lab05.sides(choice, ctx.mode)
+    verdict, expectation = common.verify_against_bar(baseline, candidate, lab05.expectation_name(ctx.mode),
+                                                     claim=claim, max_pairs=s.verify_max_pairs,
+                                                     max_seconds=s.verify_seconds)
+    return common.mark_of(verdict, expectation)
+
+
+JUDGES = {
+    "test_graph_breaks_visible": judge_breaks_visible,
+    "test_graph_breaks_hidden": judge_breaks_hidden,
+    "test_fixed_visible": judge_fixed_visible,
+    "test_fixed_hidden": judge_fixed_hidden,
+    "test_measure_compile_visible": judge_measure_visible,
+    "test_measure_compile_hidden": judge_measure_hidden,
+    "test_compiled_matches_eager": judge_compiled,
+    "test_break_even_visible": judge_break_even_visible,
+    "test_break_even_hidden": judge_break_even_hidden,
+    "test_no_recompile_visible": judge_no_recompile_visible,
+    "test_no_recompile_hidden": judge_no_recompile_hidden,
+    "test_choice_verified": judge_choice,
+}
+
+
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab05.LAB, grade_id, namespace, seed)
