@@ -46,6 +46,13 @@
 #
 # Fill in every cell that says `YOUR CODE HERE` or `YOUR ANSWER HERE`, run the notebook top to bottom
 # (Kernel → Restart & Run All), and make sure the visible tests pass before you submit.
+#
+# **How you are graded.** When the autograder runs your notebook, right after each graded cell it
+# reads your answers: your functions' outputs on inputs it draws at random, and the configuration
+# and claim you export. It checks them, and re-measures your speedups, in its own process, which
+# nothing in this notebook can reach. The visible tests help you but earn nothing by themselves;
+# in that run a verification cell only says "deferred". Kernel hooks, patched modules and
+# environment variables change no score, and are flagged for your instructor.
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import inspect
