@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 # Modules whose attributes a notebook must not reassign: the clocks timing reads, and perflab.
-GUARDED = ("time", "timeit", "perflab", "torch.cuda", "torch.mps", "torch.utils.benchmark",
+GUARDED = ("time", "timeit", "perflab", "torch.cuda", "torch.mps", "torch.utils.benchmark", "torch._dynamo", "torch.compile",
            "builtins", "sys.modules", "datetime")
 # Attributes through which a notebook hooks the kernel that runs it (or the interpreter under it).
 HOOK_ATTRS = ("ast_transformers", "input_transformers_post", "input_transformers_cleanup",
               "input_transformer_manager", "set_custom_exc", "register_magic_function", "settrace",
               "setprofile", "addaudithook", "meta_path", "path_hooks", "excepthook", "displayhook")
 # Environment variables that steer perflab, Python, nbgrader or torch: a notebook has no business setting them.
-WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|KINETO_|TORCH)")
+WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|TORCH)")
 # Paths a notebook reads only to reach what is not its own: the grader's files, the kit's checkout.
 OUTSIDE = re.compile(r"(^|/)\.\.(/|$)|^[/~]|labs/hidden|gradebook|solutions/|autograder|\.git\b|judges\.py|"
                      r"observations")

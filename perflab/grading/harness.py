@@ -81,7 +81,7 @@ def run(lab: str, seed: int, out: str, grade_ids: list[str] | None = None,
 
 
 # Environment variables a notebook has no business setting: they steer perflab, Python and nbgrader.
-WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|KINETO_|TORCH)")
+WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|TORCH)")
 
 
 def kernel_state() -> dict[str, Any]:
@@ -103,8 +103,13 @@ def kernel_state() -> dict[str, Any]:
         state["input_transformers_cleanup"] = len(getattr(manager, "cleanup_transforms", []) or [])
         state["input_transformers_line"] = len(getattr(manager, "line_transforms", []) or [])
         events = getattr(getattr(shell, "events", None), "callbacks", {}) or {}
-        state["event_callbacks"] = {name: len(funcs) for name, funcs in events.items() if funcs}
+        state["event_callbacks"] = {name: [_where(f) for f in funcs] for name, funcs in events.items() if funcs}
     return state
+
+
+def _where(fn: Any) -> str:
+    """A callback's module and name (where a hook came from)."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def cell_source(lab: str, seed: int, out: str, grade_ids: list[str] | None = None) -> str:

@@ -573,8 +573,11 @@ def kernel_findings(observations: Any) -> list[dict[str, Any]]:
             seen.append(f"{key} (+{now - before})")
     callbacks, before_cb = kernel.get("event_callbacks"), start.get("event_callbacks")
     if isinstance(callbacks, dict) and isinstance(before_cb, dict):
-        seen += [f"an event callback on {k}" for k, v in callbacks.items()
-                 if isinstance(v, int) and v > (before_cb.get(k) if isinstance(before_cb.get(k), int) else 0)]
+        for event, funcs in callbacks.items():
+            before = before_cb.get(event) if isinstance(before_cb.get(event), list) else []
+            added = [f for f in funcs if isinstance(f, str) and f not in before
+                     and not f.startswith(LIBRARY_CALLBACKS)] if isinstance(funcs, list) else []
+            seen += [f"an event callback on {event} ({f})" for f in added]
     for key in ("trace", "profile"):
         if kernel.get(key) is True and start.get(key) is not True:
             seen.append(f"a {key} function (sys.set{key})")
@@ -591,6 +594,11 @@ def kernel_findings(observations: Any) -> list[dict[str, Any]]:
                         f"perflab, Python or nbgrader: {', '.join(changed[:8])} (reviewed by a person)",
                         "flag": True, "fatal": False})
     return out
+
+
+# Event callbacks the notebook's libraries register themselves (matplotlib's inline backend flushes
+# figures after each cell): not hooks a student installed.
+LIBRARY_CALLBACKS = ("matplotlib", "matplotlib_inline", "IPython.", "ipykernel.", "ipywidgets.")
 
 
 def score(info: LabInfo, tmpl: Path, result: dict[str, Any], present: set[str], seed: int, mode: str,

@@ -28,9 +28,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 # What a probe returns is cut to this many list items and characters per string: a probe returns
-# outputs on small inputs, and an endless or huge answer must not blow up the result pipe.
+# outputs on small inputs (a page a notebook wrote is the largest, a few MB), and an endless or huge
+# answer must not blow up the result pipe.
 MAX_ITEMS = 10_000
-MAX_CHARS = 20_000
+MAX_CHARS = 6 * 1024 * 1024
 # Tensors up to this many elements travel whole; larger ones as shape, dtype and summary numbers.
 MAX_TENSOR_ELEMENTS = 4096
 

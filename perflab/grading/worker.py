@@ -338,8 +338,10 @@ def run(job_dir: Path) -> dict[str, Any]:
     return result
 
 
-# The probes' observations are small data (outputs on small inputs); more than this is not read.
+# The probes' observations are small data (outputs on small inputs, a report page): one cell's file
+# over the first cap is not read, nor files past the second in all.
 OBSERVATIONS_CAP_BYTES = 8 * 1024 * 1024
+OBSERVATIONS_TOTAL_BYTES = 16 * 1024 * 1024
 
 
 def read_observations(folder: Path, count: int) -> dict[str, Any]:
@@ -349,11 +351,12 @@ def read_observations(folder: Path, count: int) -> dict[str, Any]:
 
     merged: dict[str, Any] = {"schema": OBSERVATIONS_SCHEMA, "version": 1, "cells": {}, "kernel": None,
                               "kernel_start": None}
-    budget = OBSERVATIONS_CAP_BYTES
+    budget = OBSERVATIONS_TOTAL_BYTES
     for i in ["start", *range(count)]:
         path = folder / f"{i}.json"
         try:
-            if path.is_symlink() or not path.is_file() or path.stat().st_size > budget:
+            if (path.is_symlink() or not path.is_file() or path.stat().st_size > OBSERVATIONS_CAP_BYTES
+                    or path.stat().st_size > budget):
                 continue
             budget -= path.stat().st_size
             doc = json.loads(path.read_text(encoding="utf-8"))
