@@ -311,7 +311,7 @@ def run(job_dir: Path) -> dict[str, Any]:
             cells.append(new_code_cell(harness.cell_source(lab, int(job["seed"]), str(out), [gid])))
             probes.append((len(cells) - 1, gid))
     nb.cells = cells
-    os.environ.update({**(job.get("env") or {}), "NBGRADER_EXECUTION": "autograde"})
+    os.environ.update({**(job.get("env") or {}), "NBGRADER_EXECUTION": "autograde", "PERFLAB_GRADER_REMEASURES": "1"})
     executor = SandboxExecute(timeout=int(job["cell_timeout"]), kernel_name="python3",
                               extra_arguments=["--HistoryManager.hist_file=:memory:"])
     try:

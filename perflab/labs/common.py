@@ -165,9 +165,14 @@ DEFERRED_REASON = ("not measured in this kernel: the grader re-measures your exp
                    "after the notebook ran, against the bar it loads")
 
 
+# Set by the grading worker in the kernel of a lab whose re-measurements the grader makes itself.
+REMEASURED_ENV = "PERFLAB_GRADER_REMEASURES"
+
+
 def in_grading_kernel() -> bool:
-    """Whether this process is a notebook kernel the autograder runs (whose verdicts count for nothing)."""
-    return os.environ.get("NBGRADER_EXECUTION") == "autograde"
+    """Whether this process is a notebook kernel the autograder runs and whose speedups the grader
+    re-measures itself (its verdicts count for nothing, so they are not measured twice)."""
+    return os.environ.get("NBGRADER_EXECUTION") == "autograde" and os.environ.get(REMEASURED_ENV) == "1"
 
 
 class FakeClock:
