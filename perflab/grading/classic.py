@@ -137,6 +137,7 @@ def grade(job_dir: Path) -> dict[str, Any]:
         worker._kill_stragglers()
         text = str(exc).strip().splitlines()
         reason = next((line for line in reversed(text) if "rror" in line), text[-1] if text else "")
+        reason = reason.replace("see the above traceback for details", "").replace("see the above traceback", "")
         result["error"] = f"nbgrader could not run the notebook ({reason.strip()[:300]})"
         result["cells"] = _zeros(job["cells"], result["error"])
         result["events"] = list(worker._EVENTS)

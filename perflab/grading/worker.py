@@ -272,7 +272,15 @@ def _undumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE = 0
 
 
+# Errors the grading worker itself adds to a cell: they say what happened better than the student's own
+# exception (a fork bomb's BlockingIOError is the symptom, the process limit the cause).
+KIT_ERRORS = ("ProcessLimit", "KernelDied", "KernelUnresponsive")
+
+
 def first_error(cell: Any) -> tuple[str, str] | None:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error" and output.get("ename") in KIT_ERRORS:
+            return output["ename"], str(output.get("evalue", ""))
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             return output.get("ename", "Error"), str(output.get("evalue", ""))
