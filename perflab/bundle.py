@@ -43,8 +43,9 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
 )
 # Path parts never shipped: caches, checkpoints, and what a lab run writes beside its notebook.
 SKIP_PARTS = frozenset({"__pycache__", ".ipynb_checkpoints", "results", "build", ".pytest_cache"})
-# Folders of the package that only the grader needs: the hidden checks and their reference answers.
-GRADER_ONLY = ("perflab/labs/hidden",)
+# Parts of the package only the grader needs: the judges with their reference answers, and the code
+# that loads and runs them.
+GRADER_ONLY = ("perflab/labs/hidden", "perflab/grading/judging.py")
 
 STUDENT_README = """\
 # perflab: the student kit
@@ -96,7 +97,7 @@ def files(repo: Path = REPO) -> Iterator[tuple[Path, str]]:
             rel = item.relative_to(repo)
             if (not item.is_file() or item.is_symlink() or SKIP_PARTS & set(rel.parts[:-1])
                     or any(p.startswith(".") for p in rel.parts)
-                    or any(rel.as_posix().startswith(folder + "/") for folder in GRADER_ONLY)
+                    or any(rel.as_posix() == entry or rel.as_posix().startswith(entry + "/") for entry in GRADER_ONLY)
                     or (suffixes is not None and item.suffix not in suffixes)):
                 continue
             yield item, f"{ROOT_NAME}/{rel.as_posix()}"
