@@ -9,6 +9,8 @@ From the real lab notebooks in solutions/ it makes a handful of synthetic studen
     cheater     the reference with its speedup claims typed in and the clock patched while it
                 measures (lab 1 has no claim: its timer returns typed-in timings under a patched clock)
     crasher     the reference with a cell that kills the kernel (a segfault)
+    marker      the reference with a cell that prints the hidden-test marker (its feedback notebook is
+                withheld and flagged; the batch goes on)
     broken      a notebook cut off half-way: not valid JSON
 
 then drives the instructor's workflow through `perflab.grading` (setup, collect, grade with the
@@ -41,12 +43,13 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / "demo"
 SOLUTIONS_DIR = REPO / "solutions"
-STUDENTS = ("reference", "partial", "cheater", "crasher", "broken")
+STUDENTS = ("reference", "partial", "cheater", "crasher", "marker", "broken")
 WHO = {
     "reference": "the solution, answers kept, hidden tests removed",
     "partial": "every other code answer left blank",
     "cheater": "typed-in speedup claims, clock patched while measuring",
     "crasher": "a cell that segfaults the kernel",
+    "marker": "the reference, plus a cell printing the hidden-test marker",
     "broken": "a file cut off half-way (not JSON)",
 }
 # A typed-in claim far above anything ResNet-18 training gains from one knob on any device here.
@@ -154,6 +157,19 @@ def crasher_notebook(reference: Any) -> Any:
     return nb
 
 
+MARKER_CELL = 'print("### BEGIN HIDDEN TESTS")  # looks like grader material: feedback withholds the notebook\n'
+
+
+def marker_notebook(reference: Any) -> Any:
+    """The reference with a cell that prints the hidden-test marker after its first answer."""
+    from nbformat.v4 import new_code_cell
+
+    nb = copy.deepcopy(reference)
+    first = _answer_cells(nb)[0]
+    nb.cells.insert(nb.cells.index(first) + 1, new_code_cell(MARKER_CELL))
+    return nb
+
+
 def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Path,
                 students: Sequence[str] = STUDENTS) -> dict[str, dict[str, Path]]:
     """Write `<student>_<lab>.ipynb` for every student and lab into `out`; {student: {lab: path}}."""
@@ -166,7 +182,8 @@ def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Pa
         release = nbformat.read(next((Path(release_dir) / lab).glob("*.ipynb")), as_version=4)
         reference = reference_notebook(source, release)
         notebooks = {"reference": reference, "partial": partial_notebook(reference, release),
-                     "cheater": cheater_notebook(reference, release), "crasher": crasher_notebook(reference)}
+                     "cheater": cheater_notebook(reference, release), "crasher": crasher_notebook(reference),
+                     "marker": marker_notebook(reference)}
         for student, nb in notebooks.items():
             if student not in made:
                 continue

@@ -178,3 +178,15 @@ def test_outputs_over_the_budget_are_dropped_largest_first_with_a_line() -> None
     assert nb.cells[-1].outputs[0]["text"] == "kept\n"
     removed = [o["text"] for c in nb.cells for o in c.outputs if "removed" in o.get("text", "")]
     assert len(removed) == 5 and "image/png output of" in removed[0]
+
+
+def test_a_cell_that_hit_a_limit_is_reported_by_the_limit_not_its_own_exception() -> None:
+    from nbformat.v4 import new_code_cell, new_output
+
+    cell = new_code_cell("while True: os.fork()", outputs=[
+        new_output("error", ename="BlockingIOError", evalue="[Errno 11] Resource temporarily unavailable", traceback=[]),
+        new_output("error", ename="ProcessLimit", evalue=worker.PROCESS_LIMIT_NOTE, traceback=[])])
+    assert worker.first_error(cell) == ("ProcessLimit", worker.PROCESS_LIMIT_NOTE)
+    plain = new_code_cell("1/0", outputs=[new_output("error", ename="ZeroDivisionError", evalue="division by zero",
+                                                     traceback=[])])
+    assert worker.first_error(plain) == ("ZeroDivisionError", "division by zero")
