@@ -136,9 +136,9 @@ def test_results_and_report_hold_the_ablation(tiny_data) -> None:
     assert [v["name"] for v in sections["verification"]] == [lab06.EXPECTATION, "accuracy kept"]
     assert sections["analysis"].startswith("## What limited the baseline"), "the analysis cell's text is saved"
     assert sections["mfu"]["peak_flops"] > 0 and sections["mfu"]["achieved_flops_per_s"] > 0
-    page = (run.folder / lab06.REPORT_FILE).read_text(encoding="utf-8")
-    assert lab06.report_problems(run.folder / lab06.REPORT_FILE, path) == []
-    assert "What limited the baseline" in page and 'id="fig-speedup-waterfall"' in page
+    # The page the notebook wrote was read by the grader's probe and checked by its judge.
+    report = next(s for s in run.autograded if s.grade_id == "test_report")
+    assert report.auto_score == report.max_score
     assert run.cell("test_final_verified").outputs, "the verification cell shows its verdict"
 
 

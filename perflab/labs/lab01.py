@@ -613,7 +613,9 @@ def observe_slowest(slowest_line: Callable[..., Any], seed: int) -> dict[str, An
                                                                                        "share")}}
 
 
-_LEAK_STATEMENTS = ("{v} = x * 2.0", "{v} = np.ones_like(x)", "{v} = np.sqrt(np.abs(x))",
+# Each allocates in C (a ufunc, a method): a numpy function written in Python, such as np.ones_like,
+# allocates inside numpy's own file, and the leak's line would not be the student's to find.
+_LEAK_STATEMENTS = ("{v} = x * 2.0", "{v} = np.negative(x)", "{v} = np.sqrt(np.abs(x))",
                     "{v} = x.astype(np.float64).tobytes()", "{v} = {{'x': x.copy()}}", "{v} = x.T.copy()")
 
 

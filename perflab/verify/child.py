@@ -375,7 +375,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     start = CLOCKS.perf_counter_ns()
-    if len(sys.argv) == 3 and sys.argv[1] == "--job":  # the grader's sandbox: job in a file, result on its pipe
+    sandboxed = len(sys.argv) == 3 and sys.argv[1] == "--job"  # the grader's sandbox: job in a file, result on its pipe
+    if sandboxed:
         with open(sys.argv[2], encoding="utf-8") as f:
             job = json.load(f)
     else:
@@ -396,7 +397,7 @@ def main() -> None:
         result = {"error": {"code": code, "detail": text[:500], "traceback": tail}}
     result["nonce"] = job["nonce"]
     result["child_wall_seconds"] = (CLOCKS.perf_counter_ns() - start) / 1e9
-    result_fd = os.environ.get("PERFLAB_RESULT_FD")
+    result_fd = os.environ.get("PERFLAB_RESULT_FD") if sandboxed else None
     if result_fd:
         with os.fdopen(int(result_fd), "w", encoding="utf-8") as f:
             json.dump(result, f)

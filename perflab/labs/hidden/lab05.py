@@ -32,6 +32,7 @@ FIXED_RTOL, FIXED_ATOL = 1e-5, 1e-5
 def reference_breaks(fn: Callable[..., Any], *args: Any) -> list[tuple[int, str]]:
     """The grader's (line, reason) list for `fn(*args)`, from torch._dynamo.explain."""
     with quiet():
+        torch._dynamo.reset()  # this process judges many notebooks: no earlier compile may answer for this one
         out = torch._dynamo.explain(fn)(*args)
     return [(int(r.user_stack[-1].lineno) if r.user_stack else -1, str(r.reason).splitlines()[0])
             for r in out.break_reasons]
