@@ -100,6 +100,13 @@ class GradedRun:
     notebook: Any
     seconds: float
     folder: Path  # autograded/<student>/<lab>/: what the notebook wrote at run time lies here
+    record: Any = None  # the grader's Record (perflab.grading.state): each cell's score and line
+
+    def shortfalls(self) -> dict[str, str]:
+        """grade_id -> 'score/max: the grader's line' for every autograded cell below full marks."""
+        lines = {c.grade_id: c.error for c in (self.record.cells if self.record else ())}
+        return {s.grade_id: f"{s.auto_score}/{s.max_score}: {lines.get(s.grade_id)}"
+                for s in self.autograded if s.auto_score != s.max_score}
 
     @property
     def autograded(self) -> list[nbgrader_api.CellScore]:
@@ -141,7 +148,7 @@ class GradedRun:
 def autograde(course: Path, lab: str, student: str, notebook: Path, *,
               env: dict[str, str] | None = None, timeout: int = CELL_TIMEOUT) -> GradedRun:
     """Submit `notebook` as `student` in `course` (lab set up there) and grade it with the pipeline."""
-    from perflab.grading import pipeline, sandbox
+    from perflab.grading import pipeline, sandbox, state
 
     nbgrader_api.submit(course, lab, student, notebook)
     settings = pipeline.Settings(limits=sandbox.Limits(wall_s=SUBMISSION_WALL_S), cell_timeout=timeout,
@@ -152,7 +159,8 @@ def autograde(course: Path, lab: str, student: str, notebook: Path, *,
     assert summary.graded or summary.failed, summary.line()
     folder = course / "autograded" / student / lab
     executed = build.read_notebook(folder / f"{lab}.ipynb")
-    return GradedRun(lab, student, tuple(nbgrader_api.scores(course, lab, student)), executed, seconds, folder)
+    return GradedRun(lab, student, tuple(nbgrader_api.scores(course, lab, student)), executed, seconds, folder,
+                     state.State.load(course).get(lab, student))
 
 
 # Seconds one graded submission may take in the kit's tests (a tiny-mode lab takes a minute or two).

@@ -107,6 +107,44 @@ def test_written_answers_are_wiped(lab: str) -> None:
             assert cell.source.strip() == "YOUR ANSWER HERE", f"{lab} {meta['grade_id']}: model answer released"
 
 
+# Each lab's written answers (graded by a person) and the points its autograded cells carry.
+WRITTEN_ANSWERS = {
+    "lab01_measure": ({"answer_timing", "answer_profilers", "answer_bottleneck"}, 83),
+    "lab02_feed": ({"answer_sweep", "answer_share", "answer_knobs", "answer_pace"}, 80),
+    "lab03_amp": ({"answer_speed", "answer_scaler", "answer_census"}, 80),
+    "lab04_memory": ({"answer_memory_model", "answer_cost", "answer_budget", "answer_accumulation"}, 80),
+    "lab05_compile": ({"answer_modes", "answer_break_even", "answer_breaks"}, 85),
+    "lab06_together": ({"answer_memory", "analysis"}, 75),
+}
+
+
+def test_every_lab_has_its_answer_table() -> None:
+    assert set(WRITTEN_ANSWERS) == set(LABS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_gets_full_autograded_marks(lab: str, tiny_data) -> None:
+    run = H.graded_solution(lab)
+    assert run.errors() == []
+    assert run.shortfalls() == {}, "autograded cells below full marks (score/max: the grader's line)"
+    manual, points = WRITTEN_ANSWERS[lab]
+    assert sum(s.max_score for s in run.autograded) == points
+    assert {s.grade_id for s in run.manual} == manual
+    assert all(s.needs_manual_grade for s in run.manual), "answered written cells wait for a person"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_blank_copy_runs_and_scores_zero(lab: str, tiny_data) -> None:
+    run = H.graded_blank(lab)
+    assert len(run.scores) == len(H.graded_solution(lab).scores)
+    scored = {s.grade_id: s.auto_score for s in run.scores if s.auto_score}
+    assert scored == {}, f"an unanswered notebook earned points: {scored}"
+    assert all(not s.needs_manual_grade for s in run.manual), "unchanged written cells are scored 0 outright"
+    assert any("NotImplementedError" in e for e in run.errors())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
 def test_no_test_cell_writes_stderr(lab: str, tiny_data) -> None:
