@@ -13,10 +13,7 @@ import pytest
 
 from perflab.grading import harness, judging, pipeline, probing, sandbox, worker
 
-# Labs still graded the classic way (their tests decide in the student's kernel) until their probes and
-# judges are written; the grade run logs it. Strict: a lab listed here that gains judges fails below.
-CLASSIC = {"lab04_memory"}
-LABS = [lab for lab in H.lab_names() if lab not in CLASSIC]
+LABS = H.lab_names()
 # What a hostile kernel might send instead of the probe's raw outputs.
 FORGED = [{"problems": []}, True, None, "pass", [], 0, {"verdict": "pass", "speedup": 2.5, "passed": True},
           {"raised": None}, {"value": True}]
@@ -36,13 +33,17 @@ def test_every_autograded_cell_has_a_probe_and_a_judge(lab: str) -> None:
     assert set(judges) == cells, f"judges: missing {cells - set(judges)}, extra {set(judges) - cells}"
 
 
-@pytest.mark.parametrize("lab", sorted(CLASSIC))
-def test_a_lab_without_judges_is_graded_the_classic_way(lab: str, tmp_path: Path) -> None:
-    assert judging.judges_for(lab) is None, f"{lab} has judges now: take it off CLASSIC"
+def test_every_kit_lab_is_judged_outside_the_kernel() -> None:
+    assert all(judging.judges_for(lab) for lab in LABS)
+
+
+def test_a_course_lab_without_judges_is_refused_in_one_line(tmp_path: Path) -> None:
+    lab = "lab99_course"  # an instructor's own lab with plain nbgrader tests and no judges.py
     (tmp_path / "source" / lab).mkdir(parents=True)
-    info = pipeline.LabInfo(lab, f"{lab}.ipynb", tuple({"grade_id": gid, "max_score": 1.0, "hidden": False,
-                                                        "manual": False} for gid in autograded_code_cells(lab)), {})
-    assert pipeline.lab_judges(info, tmp_path) is None
+    info = pipeline.LabInfo(lab, f"{lab}.ipynb", ({"grade_id": "test_a", "max_score": 1.0, "hidden": False,
+                                                   "manual": False},), {})
+    with pytest.raises(pipeline.NoJudges, match="lab99_course: no judge for test_a.*nbgrader autograde"):
+        pipeline.lab_judges(info, tmp_path)
 
 
 @pytest.mark.parametrize("lab", LABS)

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import linecache
 import math
+import re
 
 import labs_helpers as H
 import numpy as np
@@ -70,10 +71,27 @@ def good_checkpoint(model: nn.Module, stages):
     return model
 
 
+def judged(grade_id: str, function, seed: int):
+    """The grader's mark for `function` on `grade_id`, its observation program run in this process."""
+    return hidden04.judge_function(grade_id, function, seed=seed, in_process=True)
+
+
+def assert_full(grade_id: str, function, seed: int) -> None:
+    mark = judged(grade_id, function, seed)
+    assert mark.fraction == 1.0, mark.message
+
+
+def assert_fails(grade_id: str, function, seed: int, match: str) -> None:
+    mark = judged(grade_id, function, seed)
+    assert mark.fraction == 0.0 and re.search(match, mark.message), mark.message
+
+
 def test_a_correct_checkpoint_passes_and_saves_what_the_reference_saves() -> None:
-    rows = hidden04.check_checkpoint_stages(good_checkpoint, seed=11)
-    assert all(r["student"] == r["reference"] < r["plain"] for r in rows), rows
-    hidden04.check_checkpoint_bn(good_checkpoint, seed=12, cases=1)
+    for grade_id in ("checkpoint_visible", "checkpoint_hidden", "checkpoint_batchnorm"):
+        assert_full(grade_id, good_checkpoint, seed=11)
+    seen = lab04.observe_checkpoint(good_checkpoint, 11)
+    for got, case in zip(seen["hidden"], lab04.checkpoint_cases(11), strict=True):
+        assert got["saved"] == hidden04._reference_saved(case), case.name
 
 
 def bisect_search(budget, memory_of, max_batch=lab04.MAX_BATCH):
@@ -94,11 +112,12 @@ def test_reference_search_stays_within_its_probe_limits() -> None:
 
             assert hidden04._reference_largest_batch(answer + 0.5, mem, max_batch) == answer
             assert max(tried) <= max(1, 2 * answer) and len(tried) <= lab04.max_calls(answer), (answer, tried)
-            assert hidden04._brute(answer + 0.5, values) == answer
+            assert int(np.searchsorted(values, answer + 0.5, side="right")) == answer
 
 
-def test_a_correct_search_passes_both_checks() -> None:
-    hidden04.check_largest_batch(bisect_search, seed=13)
+def test_a_correct_search_passes_every_check() -> None:
+    for grade_id in ("largest_batch_visible", "largest_batch_hidden", "largest_batch_model"):
+        assert_full(grade_id, bisect_search, seed=13)
 
 
 def test_a_correct_accumulation_passes() -> None:
@@ -113,7 +132,8 @@ def test_a_correct_accumulation_passes() -> None:
             total += float(loss)
         return total
 
-    hidden04.check_accumulate_gradients(good, seed=14)
+    for grade_id in ("accumulate_visible", "accumulate_hidden"):
+        assert_full(grade_id, good, seed=14)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,9 +147,8 @@ def naive_checkpoint(model, stages):
 
 
 def test_checkpoint_that_recounts_batchnorm_fails_the_bn_check() -> None:
-    hidden04.check_checkpoint_stages(naive_checkpoint, seed=21, cases=1)  # gradients and bytes are fine...
-    with pytest.raises(AssertionError, match="num_batches_tracked|running statistics"):
-        hidden04.check_checkpoint_bn(naive_checkpoint, seed=21, cases=1)  # ...the statistics are not
+    assert_full("checkpoint_visible", naive_checkpoint, seed=21)  # gradients and bytes are fine...
+    assert_fails("checkpoint_batchnorm", naive_checkpoint, seed=21, match="num_batches_tracked")  # ...statistics not
 
 
 class _Sequential(nn.Module):
@@ -147,22 +166,19 @@ def test_checkpoint_sequential_over_blocks_saves_too_little() -> None:
             setattr(model, name, _Sequential(getattr(model, name)))
         return model
 
-    with pytest.raises(AssertionError, match="last"):
-        hidden04.check_checkpoint_stages(sequential, seed=22, cases=1)
+    assert_fails("checkpoint_hidden", sequential, seed=22, match="last")
 
 
 def test_checkpoint_skipped_on_inputs_without_grad_saves_nothing_on_the_first_stage() -> None:
     # StagedNet's stem takes the raw input: perflab's simple wrapper runs it plainly there.
-    with pytest.raises(AssertionError, match="saving"):
-        hidden04.check_checkpoint_stages(naive_checkpoint, seed=23, cases=2)
+    assert_fails("checkpoint_hidden", naive_checkpoint, seed=23, match="StagedNet.*saving")
 
 
 def test_checkpoint_on_a_copy_fails() -> None:
     def copying(model, stages):
         return good_checkpoint(copy.deepcopy(model), stages)
 
-    with pytest.raises(AssertionError, match="parameters are not the original"):
-        hidden04.check_checkpoint_stages(copying, seed=24, cases=1)
+    assert_fails("checkpoint_visible", copying, seed=24, match="parameters are not the original")
 
 
 def test_search_that_probes_max_batch_first_fails() -> None:
@@ -176,8 +192,7 @@ def test_search_that_probes_max_batch_first_fails() -> None:
                 hi = mid - 1
         return lo
 
-    with pytest.raises(AssertionError, match="more than twice the answer"):
-        hidden04.check_largest_batch(top_down, seed=25)
+    assert_fails("largest_batch_hidden", top_down, seed=25, match="more than twice the answer")
 
 
 def test_search_that_extrapolates_a_line_fails_on_allocator_steps() -> None:
@@ -190,8 +205,7 @@ def test_search_that_extrapolates_a_line_fails_on_allocator_steps() -> None:
         slope = b - a
         return max_batch if slope <= 0 else int(min(max_batch, 1 + (budget - a) // slope))
 
-    with pytest.raises(AssertionError, match="largest batch within the budget"):
-        hidden04.check_largest_batch(extrapolate, seed=26)
+    assert_fails("largest_batch_hidden", extrapolate, seed=26, match="largest batch within the budget")
 
 
 def test_accumulation_without_weights_or_stale_gradients_cleared_fails() -> None:
@@ -218,8 +232,7 @@ def test_accumulation_without_weights_or_stale_gradients_cleared_fails() -> None
 
     for wrong, match in ((unweighted, "micro-batches|gradient of"), (keeps_stale, "gradient of"),
                          (one_pass, "the model saw batches")):
-        with pytest.raises(AssertionError, match=match):
-            hidden04.check_accumulate_gradients(wrong, seed=27)
+        assert_fails("accumulate_hidden", wrong, seed=27, match=match)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,8 +298,70 @@ def test_calibration_pair_checkpoints_every_stage() -> None:
 
 
 def test_hidden_checks_live_apart_and_the_contract_states_their_tolerances() -> None:
-    for name in ("_ReferenceStage", "_reference_checkpoint", "_reference_largest_batch", "check_checkpoint_stages",
-                 "check_checkpoint_bn", "check_largest_batch", "check_largest_batch_model", "check_accumulate_gradients"):
+    for name in ("_ReferenceStage", "_reference_checkpoint", "_reference_largest_batch", "JUDGES"):
         assert not hasattr(lab04, name) and hasattr(hidden04, name), name
+    assert set(hidden04.JUDGES) == set(lab04.PROBES) == {
+        H.nbgrader_meta(c)["grade_id"] for c in H.grade_cells(LAB) if not H.nbgrader_meta(c).get("solution")}
+
+
+NOTEBOOK_CELL = """
+import math
+import numpy as np
+
+GROWTH = 2
+
+
+class Doubler:
+    def __init__(self, start):
+        self.value = start
+
+    def next(self, limit):
+        self.value = min(GROWTH * self.value, limit)
+        return self.value
+
+
+def bisect(lo, hi, fits):
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def largest_batch(budget_bytes, memory_of, max_batch=4096):
+    if not isinstance(budget_bytes, (int, float)) or not math.isfinite(budget_bytes) or budget_bytes <= 0:
+        raise ValueError("budget_bytes")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError("max_batch")
+    if memory_of(1) > budget_bytes:
+        return 0
+    grow = Doubler(1)
+    fits = 1
+    while fits < max_batch:
+        trial = grow.next(max_batch)
+        if memory_of(trial) > budget_bytes:
+            return bisect(fits, trial, lambda b: memory_of(b) <= budget_bytes)
+        fits = trial
+    return fits
+"""
+
+
+def test_a_function_is_judged_from_its_source_in_a_fresh_process() -> None:
+    # As in a notebook: the function, a class and a helper it calls, a constant, modules, all from cells.
+    name = "<ipython-input-7>"
+    linecache.cache[name] = (len(NOTEBOOK_CELL), None, NOTEBOOK_CELL.splitlines(True), name)
+    namespace = {"__name__": "__main__"}
+    exec(compile(NOTEBOOK_CELL, name, "exec"), namespace)
+    namespace["unrelated"] = torch.zeros(3)
+    for grade_id in ("largest_batch_visible", "largest_batch_hidden"):
+        mark = hidden04.judge_function(grade_id, namespace["largest_batch"], seed=5, namespace=namespace)
+        assert mark.fraction == 1.0, mark.message
+    # A name the export cannot write (a tensor the notebook built) is a readable line, not a crash.
+    broken = NOTEBOOK_CELL.replace("GROWTH * self.value", "GROWTH * self.value + int(SHIFT.sum())")
+    linecache.cache["<ipython-input-8>"] = (len(broken), None, broken.splitlines(True), "<ipython-input-8>")
+    namespace = {"__name__": "__main__", "SHIFT": torch.zeros(2)}
+    exec(compile(broken, "<ipython-input-8>", "exec"), namespace)
+    mark = hidden04.judge_function("largest_batch_visible", namespace["largest_batch"], seed=5, namespace=namespace)
+    assert mark.fraction == 0.0 and "NameError" in mark.message and "SHIFT" in mark.message, mark.message
+    assert "fresh process" in mark.message, mark.message
     assert "GRAD_RTOL (1e-4 " in lab04.__doc__ and hidden04.GRAD_RTOL == 1e-4
     assert "MIN_SAVING_SHARE (80%)" in lab04.__doc__ and hidden04.MIN_SAVING_SHARE == 0.8

@@ -33,7 +33,7 @@ PROBES_FILE = "probes.py"
 
 
 def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] | None:
-    """The lab's probes, or None when the lab has none (it is then graded the classic way)."""
+    """The lab's probes, or None when the lab has none (perflab then refuses to grade it)."""
     match = LAB_MODULE.match(lab)
     if match:
         try:

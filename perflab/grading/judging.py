@@ -112,7 +112,7 @@ Judge = Callable[[Any, Context], "Mark | None"]
 
 
 def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, Judge] | None:
-    """The lab's judges (grader-only), or None when it has none (graded the classic way)."""
+    """The lab's judges (grader-only), or None when it has none (perflab then refuses to grade it)."""
     match = LAB_MODULE.match(lab)
     if match:
         name = f"perflab.labs.hidden.{match.group(1)}"

@@ -226,15 +226,19 @@ def lab_info(course: Path, lab: str) -> LabInfo:
     return LabInfo(lab, notebooks[0].name, tuple(cells), fb.hidden_lines(nb.cells), folder)
 
 
-def lab_judges(info: LabInfo, tmpl: Path) -> dict[str, judging.Judge] | None:
-    """The lab's judges, or None when some autograded cell has none: the lab is then graded the
-    classic way (`perflab.grading.classic`: its tests decide in the student's kernel), said in the log."""
+class NoJudges(ValueError):
+    """A lab some of whose autograded cells have no judge: perflab does not grade it."""
+
+
+def lab_judges(info: LabInfo, tmpl: Path) -> dict[str, judging.Judge]:
+    """The lab's judges, one per autograded cell; NoJudges naming the cells without one (perflab
+    decides every score outside the student's kernel, so it grades no lab whose tests would decide there)."""
     judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
     missing = [c["grade_id"] for c in info.cells if not c["manual"] and c["grade_id"] not in judges]
     if missing:
-        log.warning("%s: no judge for %s: graded the classic way, where the notebook's own kernel decides its "
-                    "scores (add PROBES and JUDGES to move it to the grader)", info.lab, ", ".join(missing))
-        return None
+        raise NoJudges(f"{info.lab}: no judge for {', '.join(missing)}: perflab grades a lab only from its probes "
+                       f"and judges (probes.py and judges.py beside source/{info.lab}/, see solutions/README.md); "
+                       "grade it with `nbgrader autograde` instead")
     return judges
 
 
@@ -452,8 +456,6 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     The submission is read and checked here (as data); its notebook runs in the sandbox, which
     returns the executed notebook and the probes' observations; the judges decide every score here.
     """
-    if lab_judges(info, tmpl) is None:
-        return grade_classic(job, info, tmpl, settings, hide=hide, timing_lock=timing_lock, cpus=cpus, gpu=gpu)
     try:
         release = released_notebook(tmpl, job.lab, info.notebook)
         nb, findings = checks.inspect_submission(job.path.read_bytes(), release)
@@ -488,58 +490,6 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         with _timing_lock(timing_lock):
             result["cells"] = score(info, tmpl, result, present, seed, mode, runners)
     return result
-
-
-def grade_classic(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: Sequence[Path] = (),
-                  timing_lock: Path | None = None, cpus: tuple[int, ...] | None = None,
-                  gpu: int | None = None) -> dict[str, Any]:
-    """A lab without judges, graded the classic way (`perflab.grading.classic`); findings still come
-    from reading the submission here."""
-    from perflab.grading import classic
-
-    found: list[dict[str, Any]] = []
-    try:
-        _, findings = checks.inspect_submission(job.path.read_bytes(), released_notebook(tmpl, job.lab, info.notebook))
-        found = [f.to_dict() for f in findings]
-    except Exception:
-        log.exception("%s/%s: could not read the submission", job.lab, job.student)
-    with work_folder(f"{job.lab}-") as workdir:
-        env = classic.prepare(job, info, tmpl, workdir, settings)
-        binds = {}
-        if timing_lock is not None:
-            binds[str(timing_lock)] = "timing.lock"
-            env["PERFLAB_TIMING_LOCK"] = str(workdir / "timing.lock")
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),
-                                                      "env": env}), encoding="utf-8")
-        limits = replace(settings.limits, cpus=cpus) if cpus else settings.limits
-        import sys
-
-        run = sandbox.run([sys.executable, "-m", "perflab.grading.worker", str(workdir)], workdir=workdir,
-                          limits=limits, hide=[h for h in hide if Path(h) != GRADER_ONLY_PACKAGE], env=env,
-                          binds=binds)
-    result = interpret(run, job, info)
-    if result.get("error") is None:
-        result["cells"] = classic_rows(result.pop("classic_cells", None), info)
-    result["findings"] = [f for f in found if not f.get("fatal")] + result.get("findings", [])
-    return result
-
-
-def classic_rows(rows: Any, info: LabInfo) -> list[dict[str, Any]]:
-    """The classic worker's cell rows, held to the lab's own cells and maxima (0 where malformed)."""
-    by_id = {r.get("grade_id"): r for r in rows or [] if isinstance(r, dict)}
-    out = []
-    for cell in info.cells:
-        row = by_id.get(cell["grade_id"]) or {}
-        score = row.get("score")
-        if score is not None and not isinstance(score, (int, float)):
-            score = 0.0
-        score = None if score is None else max(0.0, min(float(score), float(cell["max_score"])))
-        verdict = row.get("verdict") if isinstance(row.get("verdict"), dict) else None
-        error = row.get("error") if isinstance(row.get("error"), str) else None
-        out.append(cell_row(cell, score, error=error, verdict=verdict, manual=row.get("needs_manual_grade") is True))
-    return out
 
 
 @contextlib.contextmanager
@@ -727,9 +677,8 @@ def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any
     else:
         assert result is not None
         events, files = result.get("events"), result.get("files")
-        classic_cells = result.get("cells") if result.get("classic") is True else None
         result = {"notebook": result.get("notebook") if isinstance(result.get("notebook"), str) else None,
-                  "observations": result.get("observations"), "classic_cells": classic_cells,
+                  "observations": result.get("observations"),
                   "events": [e for e in events if _is_event(e)] if isinstance(events, list) else [],
                   "files": ({k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)}
                             if isinstance(files, dict) else {}),
@@ -936,6 +885,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         todo, done = plan(course, state, labs, students, force)
         infos = {lab: lab_info(course, lab) for lab in {j.lab for j in todo}}
         templates = {lab: template(course, lab) for lab in infos}
+        for lab, info in infos.items():
+            lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
         graded, failed = [], []
 
         def on_result(job: Job, result: dict[str, Any]) -> None:

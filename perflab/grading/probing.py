@@ -61,6 +61,11 @@ class Answers:
     def __contains__(self, name: str) -> bool:
         return name in self._namespace
 
+    @property
+    def namespace(self) -> Mapping[str, Any]:
+        """The whole namespace (to export a function with what it uses: `export_source`)."""
+        return self._namespace
+
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Call `fn` and record what happened as data: {"value": ...} or {"raised": type, "message": ...}."""
@@ -147,3 +152,101 @@ def run_probes(probes: Mapping[str, Probe], namespace: Mapping[str, Any], seed: 
         except Exception as exc:
             out[grade_id] = {"probe_error": f"{type(exc).__name__}: {str(exc)[:400]}"}
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A student's function as source, to run it where the kernel cannot reach (a fresh sandboxed process)
+
+LITERALS = (bool, int, float, str, bytes, type(None))
+
+
+def _literal(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, LITERALS):
+        return True
+    if depth < 4 and isinstance(value, (list, tuple, set, frozenset)):
+        return all(_literal(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, dict):
+        return all(_literal(k, depth + 1) and _literal(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _names_used(source: str) -> list[str]:
+    """Every name a piece of source reads (globals among them), in order of first use."""
+    import ast
+
+    return list(dict.fromkeys(node.id for node in ast.walk(ast.parse(source))
+                              if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)))
+
+
+def _source(obj: Any) -> str:
+    """The source of a function or class defined in a notebook cell."""
+    import ast
+    import inspect
+    import linecache
+    import textwrap
+
+    try:
+        return textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):
+        if not inspect.isclass(obj):
+            raise
+    # A class in a notebook cell (inspect cannot find it before Python 3.13): through its methods' cell.
+    for value in vars(obj).values():
+        if not inspect.isfunction(value):
+            continue
+        text = "".join(linecache.getlines(value.__code__.co_filename))
+        found = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == obj.__name__]
+        if found:
+            node = found[-1]
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return textwrap.dedent("".join(text.splitlines(keepends=True)[start - 1: node.end_lineno]))
+    raise OSError(f"cannot find the source of class {obj.__name__}")
+
+
+def export_source(fn: Callable[..., Any], namespace: Mapping[str, Any]) -> str:
+    """A module's text that defines `fn` as the notebook did: its source, the sources of the notebook's
+    functions and classes it uses (and theirs), the modules and library names it refers to as imports,
+    and plain constants (numbers, strings, tuples of them) as assignments. A name it uses that cannot
+    be written so (a tensor, a model the notebook built) is left out: the module then fails with a
+    NameError naming it, which the grader reports.
+
+    Raises OSError when the source of `fn` or of a notebook class it uses cannot be found."""
+    import inspect
+
+    imports: list[str] = []
+    constants: list[str] = []
+    sources: list[str] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        source = _source(obj)
+        for name in _names_used(source):
+            if name not in namespace:
+                continue
+            value = namespace[name]
+            if inspect.ismodule(value):
+                line = f"import {value.__name__}" + (f" as {name}" if name != value.__name__ else "")
+                if "." in value.__name__ and name == value.__name__.split(".")[0]:
+                    line = f"import {value.__name__}"
+                imports.append(line)
+            elif (inspect.isfunction(value) or inspect.isclass(value)) and _from_notebook(value):
+                visit(value)
+            elif inspect.isfunction(value) or inspect.isclass(value) or inspect.isbuiltin(value):
+                module, qual = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+                if module and qual and "." not in qual and "<" not in qual:
+                    imports.append(f"from {module} import {qual}" + (f" as {name}" if name != qual else ""))
+            elif _literal(value):
+                constants.append(f"{name} = {value!r}")
+        sources.append(source)
+
+    visit(fn)
+    text = "\n".join(dict.fromkeys(imports)) + "\n\n" + "\n".join(dict.fromkeys(constants)) + "\n\n\n"
+    return text + "\n\n".join(dict.fromkeys(sources))
+
+
+def _from_notebook(obj: Any) -> bool:
+    """Whether a function or class was defined in the notebook (not imported from a module)."""
+    return getattr(obj, "__module__", None) in ("__main__", None)

@@ -411,13 +411,7 @@ def main(argv: list[str]) -> int:
     fd = int(os.environ.get("PERFLAB_RESULT_FD", "1"))
     job_dir = Path(argv[0]).resolve()
     try:
-        job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
-        if job.get("classic"):
-            from perflab.grading import classic
-
-            result = classic.grade(job_dir)
-        else:
-            result = run(job_dir)
+        result = run(job_dir)
     except BaseException as exc:  # the parent still gets a reason, whatever happened here
         result = {"schema": RESULT_SCHEMA, "version": 1, "error": f"the grading process failed: "
                   f"{type(exc).__name__}: {exc}"[:500], "trace": traceback.format_exc()[-4000:]}

@@ -35,6 +35,16 @@
 # hidden ones, which run when your notebook is graded, hold them to the same contract on random
 # models, shapes and budgets.
 #
+# **How you are graded.** When the autograder runs your notebook, it takes the source of each of
+# your three functions (with the imports, helper functions, classes and plain constants of this
+# notebook that they use) and runs it in a fresh process of its own, on models, inputs and budgets
+# it draws at random; it compares what comes out (outputs, gradients, saved bytes, BatchNorm
+# statistics, the batch sizes you tried) with its reference, and re-measures the cost of your
+# checkpointing from the same source. So a function must not rely on an object built elsewhere in
+# the notebook (a tensor, a model): build those inside it. The visible tests help you but earn
+# nothing by themselves; in that run the verification cell only says "deferred". Kernel hooks,
+# patched modules and environment variables change no score, and are flagged for your instructor.
+#
 # **Modes.** The notebook sizes its work by `perflab.env.run_mode()`: `laptop` on a CPU or Apple GPU
 # (64-pixel images, a few minutes on 2 cores), `full` on an NVIDIA GPU (224 pixels, and the CUDA
 # allocator's real peaks beside the saved-tensor count), `grade` when the autograder runs it.
@@ -234,7 +244,7 @@ print("visible tests passed")
 # stage takes the raw input; outputs, gradients, and saved bytes against the reference's saving.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab04 as hidden04
-hidden04.check_checkpoint_stages(checkpoint_stages, seed=401)
+hidden04.check("checkpoint_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "checkpoint_batchnorm", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -245,7 +255,7 @@ for (name, b), c in zip(plain_v.named_buffers(), ckpt_v.buffers(), strict=True):
 print("BatchNorm statistics match the plain model's")
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab04 as hidden04
-hidden04.check_checkpoint_bn(checkpoint_stages, seed=402)
+hidden04.check("checkpoint_batchnorm", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -385,14 +395,14 @@ print("visible tests passed; probes for the answer 37:", probes[:lab04.max_calls
 # above the values; the probes you make; bad arguments.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab04 as hidden04
-hidden04.check_largest_batch(largest_batch, seed=501)
+hidden04.check("largest_batch_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "largest_batch_model", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: hidden budgets on the reference's memory model of ResNet-18, plain and checkpointed.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab04 as hidden04
-hidden04.check_largest_batch_model(largest_batch, seed=502)
+hidden04.check("largest_batch_model", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -510,7 +520,7 @@ print("visible tests passed")
 # stale gradients, the micro-batches the model actually saw, the mode kept, bad arguments.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab04 as hidden04
-hidden04.check_accumulate_gradients(accumulate_gradients, seed=601)
+hidden04.check("accumulate_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -1,38 +1,40 @@
-"""Lab 04's hidden checks and the reference answers they compare against; grader-only: the student
-bundle leaves this module out.
+"""Lab 04's judges and the reference answers they compare against; grader-only: the student bundle
+and the grading sandbox leave this module out.
 
-The contract these checks enforce is stated in `perflab.labs.lab04`; the hidden test cells of
-`solutions/lab04_memory` call the `check_*` functions below with the student's functions.
+The contract the judges enforce is stated in `perflab.labs.lab04`. The student's three functions are
+judged from what they do on inputs drawn from the grader's seed: each probe exports a function's
+source, `observe` runs it in a fresh sandboxed program (`Context.run_program`, once per function and
+seed), and the judges below compare the numbers it prints (outputs, gradient projections, saved
+bytes, BatchNorm state, the batch sizes tried) with the reference computed here. The cost of
+checkpointing is re-measured from the same source by `perflab.verify` (`Context.verify_module`). A
+solution notebook's hidden blocks run probe and judge in-process with `check(grade_id, globals())`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from perflab import memory
 from perflab.counting import restoring_buffers
+from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.probing import decode_float
+from perflab.labs import lab04
 from perflab.labs.lab04 import (
-    MAX_BATCH,
-    MIN_MEMORY_IMAGE_SIZE,
-    STAGES,
+    CheckpointCase,
     _full_batch_grads,
-    _quiet,
     cross_entropy_on,
     max_calls,
-    memory_model,
-    plain_cnn,
-    resnet18,
+    memory_function,
 )
 
 # A correct checkpoint saves what the reference saves; 0.8 leaves room for a wrapper that keeps a
@@ -95,343 +97,353 @@ def _reference_largest_batch(budget: float, memory_of: Callable[[int], float], m
     return good
 
 
-# ---------------------------------------------------------------------------------------------
-# Models the checks use
 
 
-class StagedNet(nn.Module):
-    """A small CNN with named stages and BatchNorm, so the checks do not only see ResNet-18."""
-
-    def __init__(self, width: int = 8, num_classes: int = 5) -> None:
-        super().__init__()
-        w = width
-        self.stem = nn.Sequential(nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
-        self.block1 = nn.Sequential(nn.Conv2d(w, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-                                    nn.Conv2d(w, 2 * w, 3, stride=2, padding=1, bias=False),
-                                    nn.BatchNorm2d(2 * w), nn.ReLU())
-        self.block2 = nn.Sequential(nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU())
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.block2(self.block1(self.stem(x))))
-
-
-STAGED_NET_STAGES = ("stem", "block1", "block2", "head")
-
-
-def _warm_bn(model: nn.Module, x: torch.Tensor) -> None:
-    """Give BatchNorm running statistics that are not the initial 0/1, so eval mode tests something."""
-    was = model.training
-    model.train()
-    with torch.no_grad():
-        model(x * 1.7 + 0.3)
-    model.train(was)
+# Seconds the program that observes one function may run (ResNet-18 on a few small batches).
+PROGRAM_TIMEOUT_S = 180.0
+# A projection of a right answer is within this many standard deviations of the reference's, for
+# element errors up to the tolerance; a wrong gradient misses by orders of magnitude more.
+PROJECTION_SIGMAS = 6.0
+# BatchNorm running statistics after the same steps as the plain model's (fp32 rounding only).
+BN_RTOL, BN_ATOL = 1e-5, 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks (the hidden tests call these with the student's functions)
+# Running the student's function where the kernel cannot reach it
+
+_OBSERVED: dict[tuple[str, str, int], dict[str, Any] | str] = {}
 
 
-@dataclass(frozen=True)
-class CheckpointCase:
-    """One model, input and stage choice the checkpoint checks run on."""
-
-    name: str
-    model: nn.Module
-    stages: tuple[str, ...]
-    x: torch.Tensor
-    y: torch.Tensor
-
-
-def checkpoint_cases(seed: int = 0, cases: int = 3) -> list[CheckpointCase]:
-    """ResNet-18 (random classes, image size, batch, stages) and StagedNet (its first stage included)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(cases):
-        gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
-        if i % 2 == 0:
-            classes, side, n = int(rng.integers(2, 20)), int(rng.choice([32, 40])), int(rng.integers(2, 4))
-            model = resnet18(classes, seed=int(rng.integers(1000)))
-            pick = rng.random(len(STAGES)) < 0.6
-            if not pick.any():
-                pick[int(rng.integers(len(STAGES)))] = True
-            stages = tuple(s for s, p in zip(STAGES, pick, strict=True) if p)
-            name = f"resnet18(num_classes={classes}) on {n}x3x{side}x{side}, stages {stages}"
+def observe(function: str, observed: Any, ctx: Context) -> dict[str, Any]:
+    """What `function` (exported by the cell's probe) does on the grader's cases: run once per source and
+    seed in a fresh program (`ctx.run_program`, the grading sandbox), then remembered."""
+    assert isinstance(observed, dict), f"{function} could not be read from the notebook"
+    source = observed.get("source")
+    assert isinstance(source, str) and source.strip(), observed.get("why") or f"{function} could not be exported"
+    key = (function, source, ctx.seed)
+    if key not in _OBSERVED:
+        if len(_OBSERVED) > 32:
+            _OBSERVED.clear()
+        nonce = secrets.token_hex(8)
+        program = lab04.observation_program(function, source, ctx.seed).replace(
+            "'PERFLAB-OBSERVED '", f"'PERFLAB-OBSERVED {nonce} '")
+        status, output = ctx.run_program(program, timeout=PROGRAM_TIMEOUT_S)
+        marker = f"PERFLAB-OBSERVED {nonce} "
+        line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(marker)), None)
+        if status == 0 and line is not None:
+            try:
+                _OBSERVED[key] = json.loads(line[len(marker):])
+            except ValueError:
+                _OBSERVED[key] = f"{function} printed an unreadable result"
         else:
-            classes, side, n = int(rng.integers(2, 9)), int(rng.choice([8, 12, 16])), int(rng.integers(2, 6))
-            width = int(rng.choice([4, 8, 12]))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(rng.integers(1000)))
-                model = StagedNet(width, classes)
-            stages = ("stem",) + tuple(s for s in STAGED_NET_STAGES[1:] if rng.random() < 0.5)
-            name = f"StagedNet(width={width}) on {n}x3x{side}x{side}, stages {stages}"
-        x = torch.randn(n, 3, side, side, generator=gen)
-        y = torch.randint(0, classes, (n,), generator=gen)
-        _warm_bn(model, x)
-        out.append(CheckpointCase(name, model, stages, x, y))
-    return out
-
-
-def _apply(checkpoint_stages: Callable[..., nn.Module], case: CheckpointCase) -> nn.Module:
-    """The student's checkpointing of a copy of the case's model, checked to work in place."""
-    model = copy.deepcopy(case.model)
-    before = list(model.parameters())
-    with _quiet():
-        got = checkpoint_stages(model, case.stages)
-    assert isinstance(got, nn.Module), f"{case.name}: checkpoint_stages returned {type(got).__name__}, not the model"
-    after = list(got.parameters())
-    assert len(after) == len(before) and all(a is b for a, b in zip(after, before, strict=True)), (
-        f"{case.name}: the returned model's parameters are not the original tensors in their order "
-        "(wrap the stages in place; do not copy the model)")
+            last = [ln for ln in output.strip().splitlines() if ln.strip()][-1:] or [f"exit status {status}"]
+            why = "did not finish in time" if status == -9 else f"stopped: {last[0][:300]}"
+            _OBSERVED[key] = f"{function} could not be run on the grader's cases ({why})"
+    got = _OBSERVED[key]
+    if isinstance(got, str):
+        raise AssertionError(got)
     return got
 
 
-def _train_step(model: nn.Module, case: CheckpointCase) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    model.train()
-    model.zero_grad(set_to_none=True)
-    with _quiet():
-        out = model(case.x)
-        F.cross_entropy(out, case.y).backward()
-    return out.detach(), [p.grad for p in model.parameters()]
+def _tensor(value: Any) -> torch.Tensor | None:
+    t = value.get("tensor") if isinstance(value, dict) else None
+    if not isinstance(t, dict) or not isinstance(t.get("values"), list):
+        return None
+    return torch.tensor([decode_float(v) if decode_float(v) is not None else math.nan for v in t["values"]],
+                        dtype=torch.float64).reshape(t["shape"])
 
 
-def _check_grads(where: str, got: Sequence[torch.Tensor | None], want: Sequence[torch.Tensor | None],
-                 rtol: float, names: Sequence[str]) -> None:
-    for name, g, w in zip(names, got, want, strict=True):
-        if w is None:
+def _raised(got: Any, where: str, function: str) -> None:
+    assert isinstance(got, dict), f"{where}: no result"
+    if "raised" in got:
+        hint = (" (the grader runs your function from its source in a fresh process, with the notebook's imports, "
+                "functions, classes and plain constants it uses: build any other object inside the function)"
+                if got["raised"] == "NameError" else "")
+        raise AssertionError(f"{where}: {function} raised {got['raised']}: {got.get('message', '')}{hint}")
+
+
+def _close(got: Any, want: torch.Tensor, where: str, what: str) -> None:
+    t = _tensor(got)
+    assert t is not None and t.shape == want.shape, f"{where}: {what} have another shape than {tuple(want.shape)}"
+    assert torch.allclose(t, want.double(), rtol=OUTPUT_RTOL, atol=OUTPUT_ATOL), (
+        f"{where}: {what} differ from the plain model's by up to {float((t - want.double()).abs().max()):.3g}")
+
+
+def _compare_tensors(got: Any, want: Sequence[torch.Tensor | None], names: Sequence[str], rtol: float, atol: float,
+                     where: str, what: str) -> None:
+    """Student projections against the reference tensors: norms, largest entries and random projections
+    each within what element errors of rtol x the tensor's largest entry (+ atol) allow."""
+    assert isinstance(got, list) and len(got) == len(want), f"{where}: {what}: another number of tensors than the model has"
+    reference = lab04.projections(list(want))
+    for name, g, w, ref in zip(names, got, want, reference, strict=True):
+        if w is None or ref is None:
             continue
-        assert g is not None, (f"{where}: no gradient reached {name} (a reentrant checkpoint, or one "
-                               "skipped when its input does not require grad, cuts the graph)")
-        scale = float(w.abs().max())
-        err = float((g - w).abs().max())
-        assert err <= rtol * scale + 1e-9, (
-            f"{where}: the gradient of {name} differs from the plain model's by {err:.3g} "
-            f"(largest entry {scale:.3g})")
+        assert g is not None, (f"{where}: no gradient reached {name} (a reentrant checkpoint, or one skipped "
+                               "when its input does not require grad, cuts the graph)")
+        values = [decode_float(v) for v in g] if isinstance(g, list) else []
+        assert len(values) == len(ref) and all(v is not None and math.isfinite(v) for v in values), \
+            f"{where}: {what} of {name} could not be read"
+        tol = rtol * ref[1] + atol
+        root = math.sqrt(max(w.numel(), 1))
+        bounds = [root * tol + 1e-12, tol + 1e-12] + [PROJECTION_SIGMAS * root * tol + 1e-12] * lab04.NUM_PROJECTIONS
+        worst = max(abs(v - r) / b for v, r, b in zip(values, ref, bounds, strict=True))
+        assert worst <= 1.0, (f"{where}: the {what} of {name} differs from the plain model's (norm {values[0]:.6g} "
+                              f"against {ref[0]:.6g}, largest entry {values[1]:.6g} against {ref[1]:.6g})")
 
 
-def check_checkpoint_stages(checkpoint_stages: Callable[..., nn.Module], seed: int = 0, cases: int = 2) -> list[dict[str, Any]]:
-    """Outputs, gradients and saved activation bytes of the student's checkpointing against the plain model
-    and the reference; returns one row per case (bytes plain, student, reference)."""
-    rows = []
-    for case in checkpoint_cases(seed, cases):
-        names = [n for n, _ in case.model.named_parameters()]
-        plain = copy.deepcopy(case.model)
-        got = _apply(checkpoint_stages, case)
-        reference = _reference_checkpoint(copy.deepcopy(case.model), case.stages)
-        loss_of = cross_entropy_on(case.y)
-        # Eval mode first: a train-mode step moves the running statistics, which check_checkpoint_bn grades.
-        plain.eval()
-        got.eval()
-        with torch.no_grad(), _quiet():
-            same = torch.allclose(got(case.x), plain(case.x), rtol=OUTPUT_RTOL, atol=OUTPUT_ATOL)
-        assert same, f"{case.name}: in eval mode (no grad) the outputs differ from the plain model's"
-        with _quiet():
-            saved = {key: memory.activation_bytes(m.train(), case.x, loss_of).bytes
-                     for key, m in (("plain", plain), ("student", got), ("reference", reference))}
-        out_p, grads_p = _train_step(plain, case)
-        out_s, grads_s = _train_step(got, case)
-        assert torch.allclose(out_s, out_p, rtol=OUTPUT_RTOL, atol=OUTPUT_ATOL), \
-            f"{case.name}: in train mode the checkpointed model's outputs differ from the plain model's"
-        _check_grads(case.name, grads_s, grads_p, GRAD_RTOL, names)
-        want_saving = saved["plain"] - saved["reference"]
-        got_saving = saved["plain"] - saved["student"]
+# ---------------------------------------------------------------------------------------------
+# checkpoint_stages
+
+def _plain(case: CheckpointCase) -> tuple[dict[str, Any], list[torch.Tensor | None], list[str], list[list[torch.Tensor]],
+                                          list[list[int]]]:
+    """The plain model through the same sequence as `lab04.trace_checkpoint`: its trace, gradients,
+    parameter names, and BatchNorm state after each of the two steps."""
+    model = copy.deepcopy(case.model)
+    names = [n for n, _ in model.named_parameters()]
+    model.eval()
+    with torch.no_grad(), lab04._quiet():
+        eval_out = model(case.x)
+    with lab04._quiet():
+        saved = memory.activation_bytes(model.train(), case.x, cross_entropy_on(case.y)).bytes
+    train_out, grads = lab04.train_step_of(model, case.x, case.y)
+    grads = [None if g is None else g.clone() for g in grads]
+    floats, counts = [], []
+    for step in range(2):
+        if step:
+            lab04.train_step_of(model, case.x, case.y)
+        f, c = lab04.bn_state(model)
+        floats.append(f)
+        counts.append(c)
+    return {"eval_out": eval_out, "train_out": train_out, "saved": saved}, grads, names, floats, counts
+
+
+def _reference_saved(case: CheckpointCase) -> int:
+    model = _reference_checkpoint(copy.deepcopy(case.model), case.stages)
+    with lab04._quiet():
+        return memory.activation_bytes(model.train(), case.x, cross_entropy_on(case.y)).bytes
+
+
+def _checkpoint_case(got: Any, case: CheckpointCase) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The common checks of one case (the model returned, in place, outputs, gradients): (got, plain)."""
+    _raised(got, case.name, "checkpoint_stages")
+    assert "returned" not in got, f"{case.name}: checkpoint_stages returned {got['returned']}, not the model"
+    assert got.get("in_place") is True, (
+        f"{case.name}: the returned model's parameters are not the original tensors in their order "
+        "(wrap the stages in place; do not copy the model)")
+    plain, grads, names, _, _ = _plain(case)
+    _close(got.get("eval_out"), plain["eval_out"], case.name, "in eval mode (no grad) the outputs")
+    _close(got.get("train_out"), plain["train_out"], case.name, "in train mode the outputs")
+    _compare_tensors(got.get("grads"), grads, names, GRAD_RTOL, 1e-9, case.name, "gradient")
+    return got, plain
+
+
+def judge_checkpoint_visible(observed: Any, ctx: Context) -> None:
+    got = observe("checkpoint_stages", observed, ctx)["visible"]
+    case = lab04.visible_checkpoint_case()
+    got, plain = _checkpoint_case(got, case)
+    saved = got.get("saved")
+    assert isinstance(saved, int) and saved < 0.6 * plain["saved"], (
+        f"{case.name}: saved activations {saved} bytes against {plain['saved']} plain: checkpointing all four "
+        "stages should save over 40% here")
+
+
+def judge_checkpoint_hidden(observed: Any, ctx: Context) -> None:
+    results = observe("checkpoint_stages", observed, ctx)["hidden"]
+    cases = lab04.checkpoint_cases(ctx.seed)
+    assert isinstance(results, list) and len(results) == len(cases), "no result for every case"
+    for got, case in zip(results, cases, strict=True):
+        got, plain = _checkpoint_case(got, case)
+        saved = got.get("saved")
+        assert isinstance(saved, int), f"{case.name}: saved bytes could not be read"
+        want_saving = plain["saved"] - _reference_saved(case)
+        got_saving = plain["saved"] - saved
         assert got_saving >= MIN_SAVING_SHARE * want_saving, (
-            f"{case.name}: saved activations fall from {saved['plain']} to {saved['student']} bytes, "
-            f"a saving of {got_saving}; checkpointing each stage as one segment saves {want_saving} "
-            f"(at least {MIN_SAVING_SHARE:.0%} of it is required; checkpoint_sequential leaves its last "
-            "segment un-checkpointed, and a stage skipped when its input needs no grad saves nothing)")
-        rows.append({"case": case.name, **saved})
-    return rows
+            f"{case.name}: saved activations fall from {plain['saved']} to {saved} bytes, a saving of "
+            f"{got_saving}; checkpointing each stage as one segment saves {want_saving} (at least "
+            f"{MIN_SAVING_SHARE:.0%} of it is required; checkpoint_sequential leaves its last segment "
+            "un-checkpointed, and a stage skipped when its input needs no grad saves nothing)")
 
 
-def _bn_buffers(model: nn.Module) -> list[torch.Tensor]:
-    return [b.detach().clone() for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-            for b in m.buffers()]
+def judge_checkpoint_bn(observed: Any, ctx: Context) -> None:
+    seen = observe("checkpoint_stages", observed, ctx)
+    cases = [lab04.visible_checkpoint_case(), *lab04.checkpoint_cases(ctx.seed)]
+    results = [seen["visible"], *seen["hidden"]]
+    for got, case in zip(results, cases, strict=True):
+        _raised(got, case.name, "checkpoint_stages")
+        _, _, _, floats, counts = _plain(case)
+        bn = got.get("bn")
+        assert isinstance(bn, list) and len(bn) == 2, f"{case.name}: BatchNorm state could not be read"
+        for step, (state, want_f, want_c) in enumerate(zip(bn, floats, counts, strict=True)):
+            have_c = state.get("counts") if isinstance(state, dict) else None
+            assert isinstance(have_c, list) and len(have_c) == len(want_c), (
+                f"{case.name}: the checkpointed model has other BatchNorm layers than the plain one")
+            for h, w in zip(have_c, want_c, strict=True):
+                assert h == w, (f"{case.name}, step {step + 1}: num_batches_tracked is {h}, the plain model's {w}: "
+                                "the recomputed forward counted the batch again")
+            names = [f"running statistics {i}" for i in range(len(want_f))]
+            try:
+                _compare_tensors(state.get("running"), want_f, names, BN_RTOL, BN_ATOL, f"{case.name}, step {step + 1}",
+                                 "BatchNorm")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: the recomputed forward in backward updated them a second time (or not "
+                                     "at all); give the recomputation a context that leaves them alone") from None
 
 
-def check_checkpoint_bn(checkpoint_stages: Callable[..., nn.Module], seed: int = 0, cases: int = 2) -> None:
-    """After train-mode forward and backward, BatchNorm statistics are the plain model's (updated once)."""
-    for case in checkpoint_cases(seed, cases):
-        plain = copy.deepcopy(case.model)
-        got = _apply(checkpoint_stages, case)
-        for step in range(2):
-            _train_step(plain, case)
-            _train_step(got, case)
-            want, have = _bn_buffers(plain), _bn_buffers(got)
-            assert len(want) == len(have), f"{case.name}: the checkpointed model has other BatchNorm buffers"
-            for i, (w, h) in enumerate(zip(want, have, strict=True)):
-                if w.dtype == torch.long:
-                    assert torch.equal(w, h), (
-                        f"{case.name}, step {step + 1}: num_batches_tracked is {int(h)}, the plain model's "
-                        f"{int(w)}: the recomputed forward counted the batch again")
-                else:
-                    assert torch.allclose(h, w, rtol=1e-5, atol=1e-6), (
-                        f"{case.name}, step {step + 1}: BatchNorm running statistics (buffer {i}) differ from the "
-                        "plain model's: the recomputed forward in backward updated them a second time "
-                        "(or not at all); give the recomputation a context that leaves them alone")
+def judge_cost(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+
+    assert isinstance(observed, dict), "checkpoint_stages could not be read from the notebook"
+    source = observed.get("source")
+    assert isinstance(source, str) and source.strip(), observed.get("why") or "checkpoint_stages could not be exported"
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+    s = lab04.sizes(ctx.mode)
+    baseline = lab04.baseline_config(ctx.mode)
+    verdict, expectation = ctx.verify_module(baseline, lab04.candidate_source(source, baseline), lab04.EXPECTATION,
+                                             label="checkpoint_stages", claim=claim, max_pairs=s.verify_max_pairs,
+                                             max_seconds=s.verify_seconds)
+    return common.mark_of(verdict, expectation)
 
 
-def _affine(a: float, c: float) -> Callable[[int], float]:
-    return lambda b: a + c * b
+# ---------------------------------------------------------------------------------------------
+# largest_batch
 
-
-def _staircase(a: float, c: float, block: float) -> Callable[[int], float]:
-    return lambda b: math.ceil((a + c * b) / block) * block
-
-
-def _table_fn(values: np.ndarray) -> Callable[[int], float]:
-    return lambda b: float(values[b - 1])
-
-
-def _brute(budget: float, values: np.ndarray) -> int:
-    """The largest batch within `budget` when `values[b - 1]` is the memory at batch size b."""
-    return int(np.searchsorted(values, budget, side="right"))
-
-
-class _Counted:
-    """Wraps a memory function: counts calls and remembers every batch size tried."""
-
-    def __init__(self, fn: Callable[[int], float], max_batch: int) -> None:
-        self.fn, self.max_batch, self.tried = fn, max_batch, []
-
-    def __call__(self, b: int) -> float:
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
-            raise AssertionError(f"memory_of was called with {b!r}: batch sizes are integers")
-        if not 1 <= b <= self.max_batch:
-            raise AssertionError(f"memory_of was called with batch size {b}, outside 1..max_batch={self.max_batch}")
-        self.tried.append(int(b))
-        return self.fn(int(b))
-
-
-def _check_search(largest_batch: Callable[..., int], fn: Callable[[int], float], budget: float,
-                  max_batch: int, want: int, where: str) -> None:
-    counted = _Counted(fn, max_batch)
-    got = largest_batch(budget, counted, max_batch=max_batch)
-    assert got == want, f"{where}: the largest batch within the budget is {want}, you said {got}"
-    top = max(counted.tried, default=0)
+def _search(got: Any, case: Mapping[str, Any], where: str) -> None:
+    fn = memory_function(case["fn"])
+    want = _reference_largest_batch(case["budget"], fn, case["max_batch"])
+    _raised(got, where, "largest_batch")
+    value = got.get("value")
+    assert value == want, f"{where}: the largest batch within the budget is {want}, you said {value!r}"
+    tried = got.get("tried")
+    assert isinstance(tried, list) and all(isinstance(t, int) for t in tried), f"{where}: memory_of was called with {tried!r}"
+    top = max(tried, default=0)
     assert top <= max(1, 2 * want), (
-        f"{where}: you tried batch size {top}, more than twice the answer {want}: on a real device "
-        "that is an out-of-memory error (grow by doubling from 1)")
-    assert len(counted.tried) <= max_calls(want), (
-        f"{where}: {len(counted.tried)} calls of memory_of; doubling then bisection needs at most "
-        f"{max_calls(want)} for an answer of {want}")
+        f"{where}: you tried batch size {top}, more than twice the answer {want}: on a real device that is an "
+        "out-of-memory error (grow by doubling from 1)")
+    assert len(tried) <= max_calls(want), (
+        f"{where}: {len(tried)} calls of memory_of; doubling then bisection needs at most {max_calls(want)} "
+        f"for an answer of {want}")
 
 
-def check_largest_batch(largest_batch: Callable[..., int], seed: int = 0, cases: int = 24) -> None:
-    """Exact answers on random non-decreasing memory functions (affine, allocator-like steps, plateaus)."""
-    rng = np.random.default_rng(seed)
-    for case in range(cases):
-        max_batch = int(rng.choice([1, int(rng.integers(2, 64)), int(rng.integers(64, 5000))]))
-        kind = case % 3
-        batches = np.arange(1, max_batch + 1)
-        if kind == 0:
-            a, c = float(rng.uniform(1e6, 1e9)), float(rng.uniform(1e3, 1e7))
-            fn = _affine(a, c)
-        elif kind == 1:
-            a, c = float(rng.uniform(1e6, 1e9)), float(rng.uniform(1e3, 1e7))
-            fn = _staircase(a, c, float(2 ** int(rng.integers(20, 23))))
-        else:
-            steps = rng.exponential(1e5, size=max_batch) * (rng.random(max_batch) < 0.6)
-            fn = _table_fn(np.cumsum(steps) + 1e6)
-        values = np.array([fn(int(b)) for b in batches])
-        where_budget = rng.random()
-        if where_budget < 0.1:
-            budget = float(values[0] * rng.uniform(0.5, 0.99))  # nothing fits
-        elif where_budget < 0.2:
-            budget = float(values[-1] * rng.uniform(1.0, 2.0))  # everything fits
-        else:
-            budget = float(values[int(rng.integers(0, max_batch))])  # exactly on a value
-            if rng.random() < 0.5:
-                budget += float(rng.uniform(0, 1)) * 1e3
-        want = _brute(budget, values)
-        kinds = ("affine", "allocator steps", "plateaus")
-        _check_search(largest_batch, fn, budget, max_batch, want,
-                      f"case {case} ({kinds[kind]}, max_batch={max_batch}, budget={budget:.6g})")
-    for bad in ({"budget_bytes": 0}, {"budget_bytes": -5.0}, {"budget_bytes": float("nan")},
-                {"budget_bytes": 1e9, "max_batch": 0}):
-        budget = bad["budget_bytes"]
-        kwargs = {"max_batch": bad["max_batch"]} if "max_batch" in bad else {}
-        try:
-            largest_batch(budget, lambda b: 1.0, **kwargs)
-        except ValueError:
-            continue
-        raise AssertionError(f"largest_batch with {bad} should raise ValueError")
+def _describe(case: Mapping[str, Any]) -> str:
+    fn = case["fn"]
+    kind = {"affine": "a straight line", "steps": "allocator steps", "table": "plateaus"}.get(fn["kind"], fn["kind"])
+    return f"{kind}, max_batch={case['max_batch']}, budget={case['budget']:.6g}"
 
 
-def check_largest_batch_model(largest_batch: Callable[..., int], seed: int = 0, budgets: int = 3,
-                              image_size: int = MIN_MEMORY_IMAGE_SIZE) -> list[dict[str, Any]]:
-    """Hidden budgets on the reference's own memory model of ResNet-18, plain and checkpointed."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    plain_net = resnet18(int(rng.integers(2, 20)), seed=int(rng.integers(1000)))
-    models = {"plain": memory_model(plain_net, image_size),
-              "checkpointed": memory_model(_reference_checkpoint(copy.deepcopy(plain_net), STAGES), image_size)}
-    for i in range(budgets):
-        kind = list(models)[i % 2]
-        model = models[kind]
-        per_sample = model(2) - model(1)
-        if i == budgets - 1:
-            budget = model(1) - 1.0
-        else:
-            budget = model(int(rng.integers(1, 13))) + float(rng.uniform(0, 1)) * per_sample
-        max_batch = int(rng.choice([64, 1024, MAX_BATCH]))
-        want = _reference_largest_batch(budget, model, max_batch)
-        _check_search(largest_batch, model, budget, max_batch, want,
-                      f"ResNet-18 {kind} at {image_size} px, budget {memory.format_bytes(budget)}")
-        rows.append({"model": kind, "budget": budget, "answer": want})
-    return rows
+def judge_largest_batch_visible(observed: Any, ctx: Context) -> None:
+    got = observe("largest_batch", observed, ctx)["visible"]
+    cases = lab04.visible_largest_batch_cases()
+    assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
+    for one, case in zip(got, cases, strict=True):
+        _search(one, case, f"visible case ({_describe(case)})")
 
 
-def check_accumulate_gradients(accumulate_gradients: Callable[..., float], seed: int = 0, cases: int = 3) -> None:
-    """Accumulated gradients equal the large batch's (BN-free CNN, ResNet-18 in eval mode), uneven last
-    micro-batches, stale gradients discarded, micro-batches no larger than asked, mode kept."""
-    rng = np.random.default_rng(seed)
-    for case in range(cases):
-        gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
-        if case % 2 == 0:
-            classes, side = int(rng.integers(2, 9)), int(rng.choice([8, 12, 16]))
-            model = plain_cnn(int(rng.choice([4, 8])), classes, seed=int(rng.integers(1000)))
-            label = "CNN without BatchNorm (train mode)"
-        else:
-            classes, side = int(rng.integers(2, 12)), 32
-            model = resnet18(classes, seed=int(rng.integers(1000)))
-            label = "ResNet-18 with BatchNorm in eval mode"
-        n = int(rng.integers(5, 19)) if case % 2 == 0 else int(rng.integers(5, 11))
-        smallest = 1 if case % 2 == 0 else 2  # ResNet-18 at batch 1 costs time and teaches nothing more
-        micro = int(rng.choice([smallest, int(rng.integers(2, n)), n, n + int(rng.integers(1, 4))]))
-        x = torch.randn(n, 3, side, side, generator=gen)
-        y = torch.randint(0, classes, (n,), generator=gen)
-        if case % 2 == 1:
-            _warm_bn(model, x)
-            model.eval()
-        else:
-            model.train()
-        ref = copy.deepcopy(model)
-        want_loss, want_grads = _full_batch_grads(ref, x, y)
-        for p in model.parameters():  # stale gradients the function must not add to
-            p.grad = torch.randn(p.shape, generator=gen)
-        seen: list[int] = []
-        handle = model.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(int(args[0].shape[0])))
-        mode = model.training
-        where = f"case {case}: {label}, batch {n} in micro-batches of {micro}"
-        try:
-            with _quiet():
-                got_loss = accumulate_gradients(model, x, y, micro)
-        finally:
-            handle.remove()
-        assert model.training == mode, f"{where}: the model came back in {'train' if model.training else 'eval'} mode"
-        want_sizes = [min(micro, n - start) for start in range(0, n, micro)]
-        assert seen == want_sizes, (f"{where}: the model saw batches of {seen}; expected consecutive "
-                                    f"micro-batches of {want_sizes}")
-        assert isinstance(got_loss, float) or (torch.is_tensor(got_loss) and got_loss.numel() == 1), \
-            f"{where}: return the mean loss as a float, got {type(got_loss).__name__}"
-        assert math.isclose(float(got_loss), want_loss, rel_tol=1e-5, abs_tol=1e-7), \
-            f"{where}: the mean loss over the batch is {want_loss:.6f}, you returned {float(got_loss):.6f}"
-        names = [name for name, _ in model.named_parameters()]
-        _check_grads(where, [p.grad for p in model.parameters()], want_grads, ACCUM_RTOL, names)
-    for bad in (0, -2, 1.5):
-        try:
-            accumulate_gradients(plain_cnn(), torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long), bad)
-        except ValueError:
-            continue
-        raise AssertionError(f"accumulate_gradients with micro_batch_size={bad!r} should raise ValueError")
+def judge_largest_batch_hidden(observed: Any, ctx: Context) -> None:
+    seen = observe("largest_batch", observed, ctx)
+    cases = lab04.largest_batch_cases(ctx.seed)
+    got = seen["hidden"]
+    assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
+    for i, (one, case) in enumerate(zip(got, cases, strict=True)):
+        _search(one, case, f"case {i} ({_describe(case)})")
+    for args, one in zip(lab04.LARGEST_BATCH_BAD, seen["bad"], strict=True):
+        assert isinstance(one, dict) and one.get("raised") == "ValueError", (
+            f"largest_batch with {args} should raise ValueError")
+
+
+def judge_largest_batch_model(observed: Any, ctx: Context) -> None:
+    got = observe("largest_batch", observed, ctx)["model"]
+    cases = lab04.model_budget_cases(ctx.seed + 1)
+    assert isinstance(got, list) and len(got) == len(cases), "no result for every budget"
+    for one, case in zip(got, cases, strict=True):
+        kind = "checkpointed" if case["fn"]["kind"].endswith("checkpointed") else "plain"
+        _search(one, case, f"ResNet-18 {kind} at {lab04.MIN_MEMORY_IMAGE_SIZE} px, budget "
+                           f"{memory.format_bytes(case['budget'])}")
+
+
+# ---------------------------------------------------------------------------------------------
+# accumulate_gradients
+
+def _accumulate(got: Any, desc: Mapping[str, Any], where: str) -> None:
+    _raised(got, where, "accumulate_gradients")
+    model, x, y = lab04.accumulate_setup(desc)
+    names = [n for n, _ in model.named_parameters()]
+    want_loss, want_grads = _full_batch_grads(model, x, y)
+    assert got.get("mode_kept") is True, f"{where}: the model came back in the other mode (train/eval)"
+    n, micro = int(desc["n"]), int(desc["micro"])
+    want_sizes = [min(micro, n - start) for start in range(0, n, micro)]
+    assert got.get("seen") == want_sizes, (f"{where}: the model saw batches of {got.get('seen')}; expected "
+                                          f"consecutive micro-batches of {want_sizes}")
+    loss = decode_float(got.get("loss"))
+    assert loss is not None, f"{where}: return the mean loss as a float, got {got.get('loss')!r}"
+    assert math.isclose(loss, want_loss, rel_tol=1e-5, abs_tol=1e-7), (
+        f"{where}: the mean loss over the batch is {want_loss:.6f}, you returned {loss:.6f}")
+    _compare_tensors(got.get("grads"), want_grads, names, ACCUM_RTOL, 1e-9, where, "gradient")
+
+
+def _accumulate_where(desc: Mapping[str, Any], label: str) -> str:
+    model = "CNN without BatchNorm (train mode)" if desc["model"] == "cnn" else "ResNet-18 with BatchNorm in eval mode"
+    return f"{label}: {model}, batch {desc['n']} in micro-batches of {desc['micro']}"
+
+
+def judge_accumulate_visible(observed: Any, ctx: Context) -> None:
+    desc = lab04.visible_accumulate_case()
+    _accumulate(observe("accumulate_gradients", observed, ctx)["visible"], desc, _accumulate_where(desc, "visible case"))
+
+
+def judge_accumulate_hidden(observed: Any, ctx: Context) -> None:
+    seen = observe("accumulate_gradients", observed, ctx)
+    cases = lab04.accumulate_cases(ctx.seed)
+    got = seen["hidden"]
+    assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
+    for i, (one, desc) in enumerate(zip(got, cases, strict=True)):
+        _accumulate(one, desc, _accumulate_where(desc, f"case {i}"))
+    for micro, one in zip(lab04.ACCUMULATE_BAD, seen["bad"], strict=True):
+        assert isinstance(one, dict) and one.get("raised") == "ValueError", (
+            f"accumulate_gradients with micro_batch_size={micro!r} should raise ValueError")
+
+
+JUDGES = {
+    "checkpoint_visible": judge_checkpoint_visible,
+    "checkpoint_hidden": judge_checkpoint_hidden,
+    "checkpoint_batchnorm": judge_checkpoint_bn,
+    "largest_batch_visible": judge_largest_batch_visible,
+    "largest_batch_hidden": judge_largest_batch_hidden,
+    "largest_batch_model": judge_largest_batch_model,
+    "checkpoint_cost_verified": judge_cost,
+    "accumulate_visible": judge_accumulate_visible,
+    "accumulate_hidden": judge_accumulate_hidden,
+}
+
+
+def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
+    """A solution notebook's hidden block: this cell's probe and judge, in this process."""
+    check_here(lab04.LAB, grade_id, namespace, seed)
+
+
+def judge_function(grade_id: str, function: Callable[..., Any], seed: int = 0,
+                   namespace: Mapping[str, Any] | None = None, in_process: bool = False) -> Mark:
+    """The mark `function` earns on cell `grade_id`: probe, program and judge as when grading, the program
+    run in a local process (or, `in_process`, in this one: quicker, for the kit's tests of the judges)."""
+    from perflab.grading.judging import judge_cell
+    from perflab.grading.probing import run_probes
+
+    name = {"checkpoint": "checkpoint_stages", "largest": "largest_batch", "accumulate": "accumulate_gradients"}[
+        grade_id.split("_")[0]]
+    ns = {**(namespace if namespace is not None else getattr(function, "__globals__", {})), name: function}
+    observations = run_probes({grade_id: lab04.PROBES[grade_id]}, ns, seed)
+    ctx = Context(lab04.LAB, seed, "tiny", observations, program_runner=_run_here if in_process else None)
+    return judge_cell(grade_id, JUDGES[grade_id], ctx)
+
+
+def _run_here(program: str, timeout: float) -> tuple[int, str]:
+    """Run an observation program in this process: (0 or 1, what it printed)."""
+    import io
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(program, "<observation>", "exec"), {"__name__": "__observation__"})
+    except Exception as exc:
+        return 1, f"{out.getvalue()}\n{type(exc).__name__}: {exc}"
+    return 0, out.getvalue()
