@@ -65,6 +65,18 @@ def unscaled_update_step(model, optimizer, images, labels, *, dtype, scaler=None
     return loss.item()
 
 
+def step_then_update_step(model, optimizer, images, labels, *, dtype, scaler=None):
+    """Steps the optimizer itself, then calls scaler.update(): torch raises "No inf checks were recorded"."""
+    with _precision(images, dtype):
+        loss = nn.functional.cross_entropy(model(images), labels)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    optimizer.step()
+    if scaler is not None:
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def no_update_step(model, optimizer, images, labels, *, dtype, scaler=None):
     """Forgets scaler.update(): the scale never adapts."""
     with _precision(images, dtype):
@@ -219,6 +231,9 @@ def test_scaler_misuse_fails() -> None:
     assert any("scale of 2**24" in p for p in found), found
     assert any("call scaler.update()" in p for p in lab03.scaler_problems(no_update_step, 5))
     assert any("scaled loss" in p for p in lab03.scaler_problems(scaled_loss_step, 5))
+    found = lab03.scaler_problems(step_then_update_step, 5)
+    assert found and all("No inf checks" not in p for p in found), found  # torch's words, explained
+    assert any("instead of optimizer.step()" in p for p in found), found
 
 
 def test_forgetting_zero_grad_fails() -> None:

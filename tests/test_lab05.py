@@ -308,7 +308,7 @@ def test_a_compiling_candidate_is_verified_not_called_tampering() -> None:
     # Hashes taken now: this test is about compile's patches, not about files edited since import.
     verdict = verify(baseline, candidate, expectation=0.5, budget=Budget(min_pairs=2, max_pairs=2),
                      hashes=guard.file_hashes())
-    assert verdict.code in ("faster", "not_faster", "undecided"), verdict.reason
+    assert verdict.code in ("clears_bar", "below_bar", "undecided"), verdict.reason
     gate = verdict.details["gate"]
     assert gate["candidate_losses"][0] == pytest.approx(gate["baseline_losses"][0], rel=1e-3)
     assert verdict.details["warmup_seconds"]["candidate"] > verdict.details["warmup_seconds"]["baseline"]

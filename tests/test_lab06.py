@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from types import SimpleNamespace
@@ -322,7 +323,7 @@ def _save(folder, lab: str, sections: dict) -> None:
     common.save_results(lab, sections, folder=folder)
 
 
-def test_find_results_gathers_sibling_labs_and_skips_invalid(tmp_path) -> None:
+def test_find_results_gathers_sibling_labs_and_skips_invalid(tmp_path, caplog) -> None:
     here = tmp_path / "labs" / LAB
     _save(here, LAB, {"analysis": "mine"})
     _save(tmp_path / "labs" / "lab01_measure", "lab01_measure", {"counts": {"parameters": 3}})
@@ -331,8 +332,11 @@ def test_find_results_gathers_sibling_labs_and_skips_invalid(tmp_path) -> None:
     copy = tmp_path / "labs" / "lab05_compile" / "results"
     copy.mkdir(parents=True)
     (copy / f"{LAB}.json").write_text((here / "results" / f"{LAB}.json").read_text())
-    found = lab06.find_results(here)
+    (tmp_path / "labs" / "lab01_measure" / "results" / "lab01_measure.trace.json").write_text('{"traceEvents": []}')
+    with caplog.at_level(logging.WARNING):
+        found = lab06.find_results(here)
     assert [p.parent.parent.name for p in found] == ["lab01_measure", "lab03_amp", LAB]
+    assert "trace" not in caplog.text, "lab 1's trace is not a results file: no warning about it"
     assert lab06.find_results(tmp_path / "nowhere") == []
 
 

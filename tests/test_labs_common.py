@@ -190,6 +190,14 @@ def test_progress_is_silent_in_grade_and_tiny_mode(monkeypatch: pytest.MonkeyPat
     assert env.run_mode() == "grade" and common.progress(items) is items
 
 
+def test_nbgrader_validate_never_overwrites_the_students_results(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert common.results_path("lab01_measure") == tmp_path / "results" / "lab01_measure.json"
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")  # what nbgrader sets in the kernel it validates with
+    assert not common.results_path("lab01_measure").is_relative_to(tmp_path)
+    assert common.results_path("lab01_measure", tmp_path) == tmp_path / "results" / "lab01_measure.json"
+
+
 def test_save_results_writes_beside_the_notebook(tmp_path) -> None:
     from perflab import results
 

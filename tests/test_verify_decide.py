@@ -117,7 +117,7 @@ def _judge(result, expectation=1.1, claim=None, elapsed=None):
 def test_judge_outcomes_and_claim_check():
     a, b = FakeClock(1, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(12)
     v = _judge(_result(a, b), claim=1.9)
-    assert (v.outcome, v.code, v.claim_far_off) == ("pass", "faster", False)
+    assert (v.outcome, v.code, v.claim_far_off) == ("pass", "clears_bar", False)
     assert v.speedup == pytest.approx(decide.speedup(a, b))
     far = _judge(_result(a, b), claim=2.0 * (1 + 2 * CLAIM_TOLERANCE) * 1.2)
     assert far.passed and far.claim_far_off and "claimed" in far.reason
@@ -128,8 +128,14 @@ def test_judge_outcomes_and_claim_check():
     low = _judge(_result(a, b), claim=0.5)  # an under-claim is noted, not failed
     assert low.passed and low.claim_far_off
 
+    assert "faster" in v.reason  # a 2x change: the whole CI is above 1
     a, b = FakeClock(2, 1.0, 1.0, noise=0.01, spike_p=0.1).pairs(12)
     assert _judge(_result(a, b, expectation=1.5), expectation=1.5).outcome == "fail"
+    same = _judge(_result(a, b, expectation=0.9), expectation=0.9)  # A/A against a parity bar
+    assert same.passed and "no difference detected" in same.reason and "faster" not in same.reason, same.reason
+    slower = _judge(_result(*FakeClock(2, 1.0, 2.0, noise=0.01, spike_p=0.1).pairs(12), expectation=0.3),
+                    expectation=0.3)
+    assert slower.passed and ": slower)" in slower.reason, slower.reason
     a, b = FakeClock(2, 1.0, 1.0 / 1.1, noise=0.05, spike_p=0.3).pairs(12)
     assert _judge(_result(a, b)).outcome == "inconclusive"
 

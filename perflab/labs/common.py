@@ -105,7 +105,13 @@ def _describe_sizes(s: env.ModeSizes) -> str:
 
 
 def results_path(lab: str, folder: str | os.PathLike[str] | None = None) -> Path:
-    """Where `save_results` writes: results/<lab>.json under `folder` (default: the working folder)."""
+    """Where `save_results` writes: results/<lab>.json under `folder` (default: the working folder).
+    Under `nbgrader validate` (a check run of the notebook) the default is a scratch folder instead,
+    so validating never overwrites the results the student's own run wrote."""
+    if folder is None and os.environ.get("NBGRADER_EXECUTION") == "validate":
+        import tempfile
+
+        folder = Path(tempfile.gettempdir()) / f"perflab-validate-{os.getpid()}"
     return Path(folder or Path.cwd()) / RESULTS_DIR / f"{lab}.json"
 
 

@@ -661,6 +661,10 @@ def scaler_from(observed: Any, seed: int, *, device: str = "cpu") -> list[str]:
         if not isinstance(part, Mapping) or "raised" in part:
             raised = part.get("raised", "no result") if isinstance(part, Mapping) else "no result"
             message = part.get("message", "") if isinstance(part, Mapping) else ""
+            if "No inf checks were recorded" in str(message):  # torch's words for update() without step()
+                message = ("scaler.update() ran, but no scaler.step(optimizer) before it: call "
+                           "scaler.step(optimizer) instead of optimizer.step() (it unscales the gradients "
+                           "and skips the step when they overflowed), then scaler.update()")
             problems.append(f"{where}, {name}: the step raised {raised}: {message}")
         else:
             parts[key] = part

@@ -539,7 +539,7 @@ def find_results(folder: str | os.PathLike[str] | None = None) -> list[Path]:
     candidates += sorted(here.parent.glob("lab0*/results/lab0*.json"))
     found: dict[str, Path] = {}
     for path in candidates:
-        if path.name.endswith(".tmp"):
+        if not re.fullmatch(r"lab\d\d_\w+\.json", path.name):  # not a results file: a trace, a candidate, a temp
             continue
         try:
             doc = results.load(path)

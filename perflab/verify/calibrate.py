@@ -154,7 +154,7 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
         verdict = verify(base, cand, expectation=1.0, budget=budget, seed=i, hashes=guard.file_hashes())
         if on_run is not None:
             on_run(name, i, verdict)
-        if verdict.speedup is None or verdict.code not in ("faster", "not_faster", "undecided"):
+        if verdict.speedup is None or verdict.code not in ("clears_bar", "below_bar", "undecided"):
             log.warning("calibrate %s run %d: %s", name, i, verdict.reason)
             runs.append({"outcome": verdict.outcome, "code": verdict.code, "reason": verdict.reason})
             continue

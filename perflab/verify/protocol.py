@@ -56,7 +56,7 @@ class Verdict:
 
     outcome      pass | fail | inconclusive | error | deferred (not measured here: in the grading
                  kernel the grader re-measures the exported choice itself, after the notebook ran)
-    code         a named reason: "faster" / "not_faster" / "undecided" when measured, else the check
+    code         a named reason: "clears_bar" / "below_bar" / "undecided" when measured, else the check
                  that stopped it ("loss_mismatch", "clock_tampered", "timeout", ...)
     reason       one or two sentences a student can read
     """
@@ -137,6 +137,16 @@ class Verdict:
             lines.append(f"speedup {self.speedup:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}], bar {self.expectation:.2f}x, "
                          f"{self.pairs} pairs of {self.block_steps}-step blocks, {self.elapsed_seconds:.1f} s")
         return "\n".join(lines)
+
+
+def direction(lo: float, hi: float) -> str:
+    """What a speedup's CI says about the change, in the kit's one vocabulary: "faster" or "slower"
+    only when the whole CI is on that side of 1, else "no difference detected"."""
+    if lo > 1.0:
+        return "faster"
+    if hi < 1.0:
+        return "slower"
+    return "no difference detected"
 
 
 def _preexec(memory_limit: int | None) -> Any:
@@ -320,11 +330,11 @@ def judge(result: dict[str, Any], *, budget: decide.Budget, expectation: float, 
                        f"{verdict_decision.outcome!r}", **common)
     lo, hi = verdict_decision.ci
     est = verdict_decision.speedup
-    measured = f"re-measured speedup {est:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(a)} pairs)"
+    measured = f"re-measured speedup {est:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(a)} pairs: {direction(lo, hi)})"
     if verdict_decision.outcome == "pass":
-        outcome, code, reason = "pass", "faster", f"{measured} clears the expected {expectation:.2f}x"
+        outcome, code, reason = "pass", "clears_bar", f"{measured} clears the expected {expectation:.2f}x"
     elif verdict_decision.outcome == "fail":
-        outcome, code, reason = "fail", "not_faster", f"{measured} is below the expected {expectation:.2f}x"
+        outcome, code, reason = "fail", "below_bar", f"{measured} is below the expected {expectation:.2f}x"
     else:
         outcome, code = "inconclusive", "undecided"
         reason = (f"{measured} still straddles the expected {expectation:.2f}x after the whole timing budget "

@@ -723,7 +723,8 @@ else:
 #   recorded steps end.
 #
 # Write `profile_training`: build the workload with `workload.build(config)`, then write the loop
-# yourself (it is short: `work.next_batch()`, copy to `work.device`, forward with
+# yourself (it is short: `images, labels, index = work.next_batch()` (three tensors: the batch, its
+# labels and the samples' positions in the data set), copy to `work.device`, forward with
 # `nn.functional.cross_entropy`, backward, `work.optimizer.step()` and `zero_grad`), each phase in its
 # label. Sync the device before `prof.step()`. Call `work.close()` at the end.
 

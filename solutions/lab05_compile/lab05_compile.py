@@ -512,11 +512,18 @@ for mode, comparison in GRADED_COMPARISONS.items():
     STEADY[mode] = (compile_seconds, eager_step, compiled_step)
     n = break_even_steps(compile_seconds, eager_step, compiled_step)
     BREAK_EVEN[mode] = n
-    words = "never (no steady-state saving)" if n == math.inf else f"after {n:,} steps"
+    interval = comparison.ci()
+    low, high = interval.low, interval.high
+    if n == math.inf:
+        words = "never (no steady-state saving)"
+    elif low <= 1.0:  # a saving the CI does not confirm: the break-even point is noise
+        words = f"not shown (the saving is within noise: speedup CI {low:.2f}-{high:.2f}x includes 1)"
+    else:
+        words = f"after {n:,} steps"
     print(f"{mode:>15}: compile {compile_seconds:.1f} s, step {compiled_step * 1e3:.2f} ms vs eager "
           f"{eager_step * 1e3:.2f} ms -> pays {words}")
 
-finite = [n for n in BREAK_EVEN.values() if n != math.inf]
+finite = [n for mode, n in BREAK_EVEN.items() if n != math.inf and GRADED_COMPARISONS[mode].ci().low > 1.0]
 horizon = int(max(finite) * 2) if finite else 10_000
 runs = np.linspace(0, horizon, 200)
 fig, ax = plt.subplots(figsize=(7, 3.5), layout="constrained")
@@ -524,7 +531,7 @@ eager_rate = min(e for _, e, _ in STEADY.values()) if STEADY else GRADED_TIMINGS
 ax.plot(runs, runs * eager_rate, label="eager", color="black")
 for mode, (compile_seconds, _, compiled_step) in STEADY.items():
     ax.plot(runs, compile_seconds + runs * compiled_step, label=f"compile {mode}")
-    if BREAK_EVEN[mode] != math.inf:
+    if BREAK_EVEN[mode] != math.inf and GRADED_COMPARISONS[mode].ci().low > 1.0:
         ax.axvline(BREAK_EVEN[mode], linestyle=":", color="0.5")
 ax.set(xlabel="steps in the run", ylabel="wall time (s)", title=f"When compiling pays ({WORKLOAD})")
 ax.legend()
