@@ -197,3 +197,25 @@ def test_fp16_trains_with_a_grad_scaler_and_bf16_without(monkeypatch: pytest.Mon
     workload.train_step(work)
     assert all(torch.equal(a, p) for a, p in zip(before, work.model.parameters(), strict=True)), "overflow applied"
     assert work.scaler.get_scale() < 2.0**120
+
+
+def test_samples_are_seeded_without_the_global_seed_call(monkeypatch) -> None:
+    # torch.manual_seed also seeds every accelerator (a queued call with a stack trace before CUDA
+    # starts): per sample it cost more than decoding a small JPEG, and filled lab 1's cProfile table.
+    class Draws(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index):
+            return torch.rand(3), index
+
+    data = workload.IndexedDataset(Draws(), seed=5)
+    first = [data[i][0] for i in range(4)]
+    calls = []
+    monkeypatch.setattr(torch, "manual_seed", lambda *a: calls.append(a))
+    again = [data[i][0] for i in range(4)]
+    assert calls == []
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # same seed, same draws
+    assert not torch.equal(first[0], first[1])  # each sample its own seed
+    data.epoch = 1
+    assert not torch.equal(data[0][0], first[0])  # and each epoch
