@@ -76,6 +76,22 @@ def test_measured_cpu_peaks_are_positive_and_finite() -> None:
         assert value > 0 and math.isfinite(value)
     assert len(peaks.benchmark.matmul_seconds) >= 3 and len(peaks.benchmark.copy_seconds) >= 3
     assert "float32" in peaks.table()
+    bench = peaks.benchmark  # the roof is the faster of the kernels a CNN uses, not the matmul alone
+    assert len(bench.conv_seconds) >= 3 and bench.conv_flops_per_s > 0
+    assert peaks.peak_flops() == max(bench.matmul_flops_per_s, bench.conv_flops_per_s)
+    assert "3x3 conv" in str(bench)
+
+
+def test_a_layer_above_its_roof_raises_the_peak_not_the_student() -> None:
+    peaks = roofline.DevicePeaks("cpu", {"float32": 100e9}, 10e9, "measured")
+    fast = roofline.point("conv", 1e9, 1e6, peaks, seconds=1e9 / 180e9)  # 180 GFLOP/s under a 100 roof
+    copy = roofline.point("add", 1e6, 1e7, peaks, seconds=1e7 / 25e9)  # 25 GB/s under a 10 roof
+    slow = roofline.point("fc", 1e9, 1e7, peaks, seconds=1.0)
+    raised, points = roofline.raised_to_fit(peaks, [fast, copy, slow])
+    assert raised.peak_flops() == pytest.approx(180e9) and raised.bandwidth == pytest.approx(25e9)
+    assert "raised" in raised.source
+    assert all(p.achieved <= p.attainable * (1 + 1e-12) for p in points)
+    assert roofline.raised_to_fit(raised, points)[0] is raised  # nothing above the roof: unchanged
 
 
 def test_layer_intensity_of_one_conv() -> None:
