@@ -190,6 +190,17 @@ def test_progress_is_silent_in_grade_and_tiny_mode(monkeypatch: pytest.MonkeyPat
     assert env.run_mode() == "grade" and common.progress(items) is items
 
 
+def test_each_lab_times_itself_from_its_first_cell() -> None:
+    assert "not timed" in common.elapsed_statement("lab99_never_started")
+    common.hardware_statement("lab99_timed")
+    line = common.elapsed_statement("lab99_timed")
+    assert re.match(r"lab99_timed ran top to bottom in \d+ s here: \w+ mode, ", line), line
+    for lab in LABS:  # every lab ends by printing it, and quotes no run time of its own in prose
+        text = build.source_notebook(lab).with_suffix(".py").read_text(encoding="utf-8")
+        assert "common.elapsed_statement(" in text.split("# %%")[-1], lab
+        assert not re.search(r"\b\d+(\.\d+)? ?minutes\b", text), f"{lab}: a run time typed into the prose"
+
+
 def test_nbgrader_validate_never_overwrites_the_students_results(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert common.results_path("lab01_measure") == tmp_path / "results" / "lab01_measure.json"

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -97,7 +98,25 @@ def hardware_statement(lab: str | None = None, info: env.MachineInfo | None = No
     note = lab_hardware_notes(lab).get(info.device)
     if note:
         lines.append(f"this lab     {note}")
+    _STARTED[lab or ""] = time.perf_counter()
     return "\n".join(lines)
+
+
+# When each lab's notebook printed its hardware statement (its first cell): what `elapsed_statement` times.
+_STARTED: dict[str, float] = {}
+
+
+def elapsed_statement(lab: str) -> str:
+    """How long this notebook has run since its first cell, on this machine and in this mode: the time
+    a lab quotes for itself (the kit types no run times into its prose; they depend on the machine)."""
+    start = _STARTED.get(lab)
+    if start is None:
+        return f"{lab}: not timed (run the notebook from its first cell to time it)"
+    seconds = time.perf_counter() - start
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
+    info = env.machine_info()
+    return (f"{lab} ran top to bottom in {took} here: {env.run_mode()} mode, {info.device} "
+            f"({info.device_name}, {info.cpu_count} CPU cores)")
 
 
 def _describe_sizes(s: env.ModeSizes) -> str:

@@ -591,3 +591,14 @@ path = common.save_results(lab02.LAB, {
     "verification": [VERDICT.to_row(lab02.EXPECTATION)],
 }, config=BEST)
 print(f"saved {path}")
+
+# %% [markdown]
+# ## Closing note: what this lab costs to run
+#
+# The cell below prints how long this notebook took, top to bottom, on the machine in front of you
+# and in the mode it ran in. The kit quotes no fixed time for a lab: it depends on your cores, your
+# device and whatever else runs beside it (noise only ever adds time). `make lab LAB=lab02_feed MODE=laptop`
+# runs and times it the same way from a terminal.
+
+# %%
+print(common.elapsed_statement(lab02.LAB))
