@@ -276,3 +276,14 @@ def test_layer_calls_sees_every_conv_and_linear_of_resnet18() -> None:
     assert calls[0].name == "conv1" and calls[0].input_shape == (2, 3, 32, 32)
     assert calls[-1].name == "fc" and isinstance(calls[-1].module, nn.Linear) and calls[-1].input_shape == (2, 512)
     assert model.training, "layer_calls restores the model's mode"
+
+
+def test_the_model_flops_reference_handles_a_batch_of_one_at_32_px() -> None:
+    # A grade seed may draw batch 1 at 32 px: ResNet-18's last stage is then 1x1, which BatchNorm
+    # cannot normalise in train mode; the reference counts in eval mode (the same FLOPs).
+    seed = next(s for s in range(10_000) if lab01.model_flops_case(s)["shape"][:1] == [1]
+                and lab01.model_flops_case(s)["shape"][2] == 32)
+    case = lab01.model_flops_case(seed)
+    resnet = lab01.build_flops_models(case)[0]
+    assert hidden01._flop_counter(resnet, torch.zeros(case["shape"])) > 0
+    assert resnet.training, "the model comes back in the mode it was in"

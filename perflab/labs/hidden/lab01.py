@@ -144,8 +144,13 @@ def judge_timer_hidden(observed: Any, ctx: Context) -> None:
 def _flop_counter(module: nn.Module, x: torch.Tensor) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with _quiet(), FlopCounterMode(display=False) as counter, torch.no_grad():
-        module(x)
+    was = module.training
+    module.eval()  # a batch of one reaching a 1x1 feature map cannot be normalised in train mode; FLOPs are the same
+    try:
+        with _quiet(), FlopCounterMode(display=False) as counter, torch.no_grad():
+            module(x)
+    finally:
+        module.train(was)
     return int(counter.get_total_flops())
 
 
