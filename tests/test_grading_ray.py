@@ -3,6 +3,7 @@ graded exactly once."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import sys
@@ -72,12 +73,14 @@ def test_ray_grades_each_submission_exactly_once_despite_a_killed_worker(tmp_pat
     watcher.start()
     settings = pipeline.Settings(limits=sandbox.Limits(wall_s=60, memory_bytes=4 * 1024**3, processes=256),
                                  cell_timeout=10)
+    own_print = builtins.print
     try:
         summary = pipeline.grade(course, settings, backend="ray", ray_address=ray_cluster, solutions=SOLUTIONS)
     finally:
         stop.set()
         watcher.join(timeout=5)
 
+    assert builtins.print is own_print, "Ray's driver left its print in the grader's process"
     assert killed, "no Ray worker was caught mid-grade"
     assert len(seen_workers) > len(chosen)  # the killed task ran again
     assert sorted(summary.graded) == sorted(f"{LAB}/{s}" for s in chosen)

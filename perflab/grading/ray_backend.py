@@ -17,6 +17,7 @@ node's timing lock, so they never overlap.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
@@ -87,6 +88,10 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
 
     if not todo:
         return
+    # Ray's driver swaps builtins.print for its tqdm-aware one (RAY_TQDM_PATCH_PRINT); the grader's
+    # process keeps the interpreter's own, which the judges (dynamo's break lines among them) rely on.
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+    own_print = builtins.print
     ray.init(address=address or "auto", ignore_reinit_error=True, log_to_driver=False,
              logging_level=logging.WARNING)
     try:
@@ -118,6 +123,7 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
                 on_result(job, result)
     finally:
         ray.shutdown()
+        builtins.print = own_print
 
 
 # Tries at starting a local cluster: on a loaded machine Ray's head can time out waiting for its
