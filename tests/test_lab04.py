@@ -391,7 +391,8 @@ def test_every_cheat_at_once_on_a_blank_lab04_earns_nothing_and_is_flagged(tiny_
               "_h.run = lambda *a, **k: None\n_l.PROBES.clear()\n")
     for _name, code, _ in reversed([*cases.CHEATS, ("rebind-lab04", rebind, "")]):
         nb.cells.insert(setup + 1, new_code_cell(code))
-    path = course / "cheater-all.ipynb"
+    path = course / "cheater-all" / f"{LAB}.ipynb"  # submitted under the lab's own notebook name
+    path.parent.mkdir(exist_ok=True)
     nbformat.write(nb, path)
 
     run = H.autograde(course, LAB, "cheater", path)
