@@ -169,12 +169,37 @@ def test_verdict_json_round_trip():
 
 
 @pytest.mark.parametrize(("low", "high", "kind", "bar"), [
-    (1.5, 1.9, "gain", 0.8 * 1.5), (1.06, 1.2, "gain", expectations.PARITY_BAR),
+    (1.5, 1.9, "gain", 0.8 * 1.5), (1.2, 1.4, "gain", expectations.GAIN_BAR_FLOOR),
+    (1.06, 1.2, "parity", expectations.PARITY_BAR),  # too small a gain to grade apart from noise
     (0.97, 1.04, "parity", expectations.PARITY_BAR), (0.7, 0.8, "cost", 0.8 * 0.7),
     (0.5, 1.6, "parity", 0.8 * 0.5)])  # a noisy reference: the bar never asks more than it shows
 def test_threshold_rule(low, high, kind, bar):
     got_kind, got_bar, rule = expectations.threshold_rule(low, high)
     assert got_kind == kind and got_bar == pytest.approx(bar) and rule
+
+
+@pytest.mark.parametrize("low", [expectations.GAIN_MIN, 1.2, 1.3, 1.5, 2.0, 3.0])
+def test_a_gain_bar_is_above_what_changing_nothing_reaches(low):
+    """Where the reference gains, the bar is above 1.0 by the floor, and below the reference's own lower bound."""
+    kind, bar, _ = expectations.threshold_rule(low, low + 0.2)
+    assert kind == "gain" and 1.0 < expectations.GAIN_BAR_FLOOR <= bar < low
+
+
+def test_a_calibration_holds_only_at_the_sizes_it_measured(tmp_path):
+    from perflab.workload import TrainConfig
+
+    measured = TrainConfig(data="small", image_size=64, batch_size=32)
+    runs = [{"speedup": 1.4, "ci": [1.3, 1.5]}]
+    doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION, "hardware_class": "cpu-x",
+           "optimisations": {"amp_bf16": {"baseline": measured.to_dict(), "runs": runs,
+                                          **expectations.summarise(runs)}}}
+    (tmp_path / "cpu-x.json").write_text(json.dumps(doc))
+    same = load_expectation("amp_bf16", "cpu-x", directory=tmp_path, workload=measured.replace(amp_dtype="bf16"))
+    assert same.calibrated and same.kind == "gain" and same.threshold > 1.0
+    other = load_expectation("amp_bf16", "cpu-x", directory=tmp_path,
+                             workload=TrainConfig(data="tiny", image_size=32, batch_size=8))
+    assert not other.calibrated and other.threshold == expectations.PARITY_BAR
+    assert "calibrated at 64 px, batch 32, small data, this run is 32 px, batch 8, tiny data" in other.reason
 
 
 def test_load_expectation_calibrated_and_fallbacks(tmp_path):

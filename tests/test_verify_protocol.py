@@ -84,11 +84,27 @@ def test_bad_candidate_module_is_an_error(tmp_path):
 def test_train_configs(tiny_data):
     base = TrainConfig(data="tiny", batch_size=8, image_size=32, threads=1)
     budget = Budget(min_pairs=6, max_pairs=12, max_timed_seconds=8.0)
-    same = verify(base, base, expectation=1.1, budget=budget, hashes=guard.file_hashes())
+    # pin_memory on a CPU changes nothing the step does: a "near-lazy" candidate, timed like any other.
+    same = verify(base, base.replace(pin_memory=True), expectation=1.1, budget=budget, hashes=guard.file_hashes())
     assert same.outcome in ("fail", "inconclusive"), same.describe()
     assert same.details["gate"]["candidate_losses"] == same.details["gate"]["baseline_losses"]
     smaller = verify(base, base.replace(batch_size=4), expectation=1.1, budget=budget, hashes=guard.file_hashes())
     assert (smaller.outcome, smaller.code) == ("fail", "samples_differ"), smaller.describe()
+
+
+@pytest.mark.parametrize(("bar", "outcome"), [(1.1, "fail"), (0.9, "pass")])
+def test_an_unchanged_configuration_is_no_change_and_never_timed(bar, outcome):
+    """Changing nothing is "no change", never "faster": it fails a bar that asks for a gain, and passes
+    one that asks only for no regression (the hardware has no gain to give, so keeping the baseline is
+    the right decision). Nothing is run to find that out."""
+    def runner(*args, **kwargs):
+        raise AssertionError("an unchanged configuration must not be timed")
+
+    base = TrainConfig(data="tiny", batch_size=8, image_size=32)
+    v = verify(base, TrainConfig(data="tiny", batch_size=8, image_size=32), expectation=bar, claim=1.0,
+               runner=runner)
+    assert (v.outcome, v.code) == (outcome, "no_change") and v.reason.startswith("no change")
+    assert "faster" not in v.describe() and v.speedup is None
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -226,8 +226,10 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, 
     """
     from perflab.grading.timelock import timed_section
     from perflab.verify import Budget, Verdict, load_expectation, verify
+    from perflab.workload import TrainConfig
 
-    expectation = load_expectation(expectation_name)
+    expectation = load_expectation(expectation_name,
+                                   workload=baseline if isinstance(baseline, TrainConfig) else None)
     if in_grading_kernel():
         return Verdict("deferred", "deferred", DEFERRED_REASON, expectation.threshold, claim=claim), expectation
     budget = None

@@ -258,6 +258,8 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     if claim is not None and not (isinstance(claim, (int, float)) and claim > 0 and math.isfinite(claim)):
         raise ValueError(f"claim: must be a positive number (the speedup you measured), got {claim!r}")
     budget = budget or decide.Budget()
+    if _same_work(base_side, cand_side):
+        return no_change(expectation, claim=claim, seed=seed, baseline=base_side.label, candidate=cand_side.label)
     if memory_limit == "auto":
         memory_limit = _default_memory_limit(base_side, cand_side)
     job = {"nonce": secrets.token_hex(16), "seed": seed, "threads": threads, "expectation": expectation,
@@ -270,6 +272,27 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     if result is None:
         return Verdict("error", why.split(":")[0], why, **common)
     return judge(result, budget=budget, **common)
+
+
+def _same_work(a: Side, b: Side) -> bool:
+    """Whether two sides run the same perflab code with the same arguments (a candidate that changed nothing)."""
+    return (a.kind == b.kind == "reference" and a.target == b.target and a.factory == b.factory
+            and a.kwargs == b.kwargs and a.dtype == b.dtype)
+
+
+def no_change(expectation: float, *, claim: float | None = None, seed: int = 0, baseline: str = "",
+              candidate: str = "") -> Verdict:
+    """The verdict on a candidate identical to the baseline, without timing it: there is no speedup to
+    measure. Where this hardware's bar asks for a gain it fails; where it asks only for no regression
+    (no gain to give here), keeping the baseline is the right decision and passes."""
+    common = {"expectation": expectation, "claim": claim, "seed": seed, "baseline": baseline, "candidate": candidate}
+    if expectation > 1.0:
+        return Verdict("fail", "no_change", f"no change: the candidate is the baseline, so its speedup is 1.00x, "
+                                            f"below this machine's bar of {expectation:.2f}x (the reference "
+                                            "solution gains here; apply the optimisation)", **common)
+    return Verdict("pass", "no_change", f"no change: the candidate is the baseline; this machine's bar is "
+                                        f"{expectation:.2f}x (no gain to take here), so keeping the baseline is "
+                                        "the right decision", **common)
 
 
 def _as_side(value: Any, name: str) -> Side:
