@@ -63,3 +63,16 @@ def test_autocast_support_is_stated_per_device() -> None:
     assert env.supports_autocast("cpu", torch.bfloat16)
     assert not env.supports_autocast("cpu", torch.float16)
     assert env.supports_autocast("cuda", torch.float16) == torch.cuda.is_available()
+
+
+def test_grade_sizes_are_each_labs_own_workload_on_this_device_kind() -> None:
+    base = env.mode_sizes("grade")
+    amp = env.mode_sizes("grade", lab="lab03_amp", device="cpu")
+    assert (amp.data, amp.image_size, amp.batch_size) == env.GRADE_WORKLOADS["lab03_amp"]["cpu"]
+    assert amp.image_size * amp.batch_size > base.image_size * base.batch_size  # bigger: where AMP shows
+    assert env.mode_sizes("grade", lab="lab01_measure", device="cpu") == base  # not listed: the base sizes
+    assert env.mode_sizes("laptop", lab="lab03_amp", device="cpu") == env.mode_sizes("laptop")  # grade only
+    from perflab.labs import lab03, lab06
+
+    assert lab03.baseline_config("grade").image_size == env.mode_sizes("grade", lab=lab03.LAB).image_size
+    assert lab06.sizes("grade").batch_size == env.mode_sizes("grade", lab=lab06.LAB).batch_size

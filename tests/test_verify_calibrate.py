@@ -67,3 +67,31 @@ def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
     assert seen == {"dir": tmp_path, "written": ["num_workers"]}
     assert sorted(expectations.load_file(path)["optimisations"]) == ["lab06_final", "num_workers"]
     assert expectations.EXPECTATIONS_ENV not in __import__("os").environ
+
+
+def test_each_optimisation_is_calibrated_at_the_sizes_of_the_lab_that_grades_it(tmp_path, monkeypatch):
+    """amp_bf16 at lab 3's grade workload, num_workers at lab 2's; calibrating one keeps the others,
+    re-summarised from their raw runs under today's rules."""
+    from perflab import env
+    from perflab.verify import expectations
+
+    seen = {}
+
+    def fake_measure(name, base, cand, repeats, budget, on_run):
+        seen[name] = base
+        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [{"speedup": 1.4, "ci": [1.3, 1.5]}],
+                **expectations.summarise([{"speedup": 1.4, "ci": [1.3, 1.5]}])}
+
+    monkeypatch.setattr(calibrate, "_measure", fake_measure)
+    path = calibrate.calibrate(["num_workers"], repeats=1, out_dir=tmp_path, device="cpu")
+    doc = expectations.load_file(path)
+    doc["optimisations"]["num_workers"]["threshold"] = 0.5  # a bar written under older rules
+    path.write_text(__import__("json").dumps(doc))
+    calibrate.calibrate(["amp_bf16"], repeats=1, out_dir=tmp_path, device="cpu")
+    amp = env.mode_sizes("grade", lab="lab03_amp", device="cpu")
+    assert (seen["amp_bf16"].image_size, seen["amp_bf16"].batch_size) == (amp.image_size, amp.batch_size)
+    feed = env.mode_sizes("grade", lab="lab02_feed", device="cpu")
+    assert (seen["num_workers"].image_size, seen["num_workers"].batch_size) == (feed.image_size, feed.batch_size)
+    kept = expectations.load_file(path)["optimisations"]
+    assert sorted(kept) == ["amp_bf16", "num_workers"]
+    assert kept["num_workers"]["threshold"] == expectations.threshold_rule(1.3, 1.5)[1] > 1.0

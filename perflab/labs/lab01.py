@@ -143,7 +143,7 @@ def lab_config(mode: str | None = None) -> Any:
     """The TrainConfig this lab measures in `mode` (default: the mode in force), on the best device."""
     from perflab import env, workload
 
-    sizes = env.mode_sizes(mode)
+    sizes = env.mode_sizes(mode, lab=LAB)
     return workload.TrainConfig(data=sizes.data, batch_size=sizes.batch_size, image_size=sizes.image_size,
                                 device=str(env.pick_device()))
 

@@ -187,7 +187,7 @@ _LAB_SIZES = {
 
 def sizes(mode: str | None = None) -> LabSizes:
     """The lab's sizes in `mode` (default: the mode in force), built on `perflab.env.mode_sizes`."""
-    base = env.mode_sizes(mode)
+    base = env.mode_sizes(mode, lab=LAB)
     return LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
 
 

@@ -167,7 +167,7 @@ _LAB_SIZES: dict[str, dict[str, Any]] = {
 
 def sizes(mode: str | None = None) -> LabSizes:
     """The lab's sizes in `mode` (default: the mode in force), built on `perflab.env.mode_sizes`."""
-    base = env.mode_sizes(mode)
+    base = env.mode_sizes(mode, lab=LAB)
     return LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
 
 
@@ -246,7 +246,7 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
     from perflab.verify import load_expectation
 
     mode = mode or env.run_mode()
-    lookup = expectations or (lambda name: load_expectation(name, info))
+    lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
     plans = []
 
     def judged(change: Change, hardware_can: bool, why_not: str) -> Plan:
@@ -291,7 +291,7 @@ def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
     from perflab.verify import load_expectation
 
     info = info or env.machine_info()
-    lookup = expectations or (lambda name: load_expectation(name, info))
+    lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
     config = baseline_config(mode)
     for plan in plan_changes(info, mode, memory_needed=needs_checkpointing(config, info),
                              expectations=lookup):
