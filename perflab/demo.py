@@ -11,6 +11,9 @@ From the real lab notebooks in solutions/ it makes a handful of synthetic studen
     crasher     the reference with a cell that kills the kernel (a segfault)
     marker      the reference with a cell that prints the hidden-test marker (its feedback notebook is
                 withheld and flagged; the batch goes on)
+    lazy        the reference with every speed choice left at the baseline (LAZY_CHOICES): every
+                answer right, nothing optimised; it earns no re-measured speedup where the grading
+                hardware has one to give
     broken      a notebook cut off half-way: not valid JSON
 
 then drives the instructor's workflow through `perflab.grading` (setup, collect, grade with the
@@ -43,10 +46,11 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / "demo"
 SOLUTIONS_DIR = REPO / "solutions"
-STUDENTS = ("reference", "partial", "cheater", "crasher", "marker", "broken")
+STUDENTS = ("reference", "partial", "lazy", "cheater", "crasher", "marker", "broken")
 WHO = {
     "reference": "the solution, answers kept, hidden tests removed",
     "partial": "every other code answer left blank",
+    "lazy": "every answer right, every speed choice left at the baseline",
     "cheater": "typed-in speedup claims, clock patched while measuring",
     "crasher": "a cell that segfaults the kernel",
     "marker": "the reference, plus a cell printing the hidden-test marker",
@@ -157,6 +161,27 @@ def crasher_notebook(reference: Any) -> Any:
     return nb
 
 
+# What the lazy student appends to each lab's speed-choice answer (by grade_id): the baseline kept,
+# with the honest claim and a consistent ablation, so that only the choice itself differs.
+LAZY_CHOICES: dict[str, dict[str, str]] = {
+    "lab02_feed": {"best": "BEST = BASELINE"},
+    "lab03_amp": {"amp_config": "AMP_CONFIG, CLAIM = BASELINE, 1.0"},
+    "lab05_compile": {"CHOICE": "CHOICE = None"},
+    "lab06_together": {"ablation": ('current = FINAL = BASELINE\nCHAIN = [("baseline", BASELINE)]\n'
+                                    'SCREEN = [{**row, "kept": False, "reason": "kept the baseline"} for row in SCREEN]')},
+}
+
+
+def lazy_notebook(reference: Any, lab: str) -> Any:
+    """The reference with each speed choice of `lab` set back to the baseline after its own code ran."""
+    nb = copy.deepcopy(reference)
+    for cell in _answer_cells(nb):
+        line = LAZY_CHOICES.get(lab, {}).get(grade_id(cell) or "")
+        if line:
+            cell.source = cell.source.rstrip("\n") + "\n# every speed choice left at the baseline\n" + line + "\n"
+    return nb
+
+
 # Spelled in two pieces so the student bundle's own leak scan does not stop at this file.
 MARKER_CELL = 'print("### " + "BEGIN HIDDEN TESTS")  # looks like grader material: feedback withholds it\n'
 
@@ -183,6 +208,7 @@ def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Pa
         release = nbformat.read(next((Path(release_dir) / lab).glob("*.ipynb")), as_version=4)
         reference = reference_notebook(source, release)
         notebooks = {"reference": reference, "partial": partial_notebook(reference, release),
+                     "lazy": lazy_notebook(reference, lab),
                      "cheater": cheater_notebook(reference, release), "crasher": crasher_notebook(reference),
                      "marker": marker_notebook(reference)}
         for student, nb in notebooks.items():
@@ -270,10 +296,11 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     def stage(text: str) -> None:
         say(f"[{next(step)}/{steps} {time.monotonic() - started:6.0f} s] {text}")
 
-    size = mode_sizes(mode).data
-    stage(f"data set '{size}' (built once, verified against its manifest)")
-    if not dataset.is_built(size):
-        dataset.build(size)
+    sizes = sorted({mode_sizes(mode).data, *(mode_sizes(mode, lab=lab).data for lab in labs)})
+    stage(f"data set(s) {', '.join(sizes)} (built once, verified against the manifest)")
+    for size in sizes:
+        if not dataset.is_built(size):
+            dataset.build(size)
     stage(f"course folder {course} from {solutions} ({len(labs)} lab(s))")
     pipeline.setup(course, solutions, labs)
     stage("demo class: " + ", ".join(students))

@@ -13,9 +13,9 @@ from perflab import demo as demo_mod
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_measure"
-# The crasher and the partial student add two more notebook runs; the test keeps to the three cases
-# the demo must show (full marks, faked timing, a file that is not a notebook).
-STUDENTS = ("reference", "cheater", "broken")
+# The crasher and the partial student add two more notebook runs; the test keeps to the cases the demo
+# must show (full marks, faked timing, a printed hidden-test marker, a file that is not a notebook).
+STUDENTS = ("reference", "cheater", "marker", "broken")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,16 @@ def test_cheater_gets_no_credit_for_faked_timings_and_is_told_why(demo):
     assert "time.perf_counter" in flags  # the patched clock; the typed-in timings lose their points above
     text = _feedback_text(demo, "cheater")
     assert "timing and perflab must not be patched" in text
+
+
+def test_a_notebook_printing_the_hidden_marker_neither_stops_the_batch_nor_leaks(demo):
+    subs = {s["student"]: s for s in _grades(demo)["submissions"]}
+    assert subs["marker"]["outcome"] == "graded" and subs["broken"]["outcome"] == "failed"  # the batch went on
+    assert subs["marker"]["score"] == subs["reference"]["score"]  # its answers are the reference's
+    assert subs["marker"]["flagged"] and any("hidden-test" in f for f in subs["marker"]["flags"])
+    assert not (demo.course / "autograded" / "marker" / LAB / f"{LAB}.ipynb").exists()
+    text = _feedback_text(demo, "marker")
+    assert "BEGIN HIDDEN" not in text and "not shown in this feedback" in text
 
 
 def test_broken_notebook_gets_a_clear_error_line(demo):
