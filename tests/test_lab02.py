@@ -225,8 +225,9 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_reference_best_is_what_calibration_times() -> None:
-    from perflab.verify.calibrate import REFERENCE_CHANGES, baseline_config
+    from perflab.verify.calibrate import GRADED_IN, REFERENCE_CHANGES, baseline_config
 
     best = lab02.reference_best("grade")
     assert lab02.best_problems(best, "grade") == []
-    assert best == baseline_config("grade").replace(**REFERENCE_CHANGES[lab02.EXPECTATION])
+    assert GRADED_IN[lab02.EXPECTATION] == lab02.LAB  # calibrated at this lab's grade workload
+    assert best == baseline_config("grade", lab=lab02.LAB).replace(**REFERENCE_CHANGES[lab02.EXPECTATION])
