@@ -407,3 +407,14 @@ def test_every_cheat_at_once_on_a_blank_lab04_earns_nothing_and_is_flagged(tiny_
     blob = zlib.decompress(base64.b64decode("".join(lines))) if lines else b""
     for secret in (b"BEGIN HIDDEN", b"BEGIN SOLUTION", b"JUDGES", b"_reference_checkpoint"):
         assert secret not in blob, secret
+
+
+def test_a_checkpoint_that_saves_nothing_earns_nothing_for_its_time_cost() -> None:
+    """What checkpointing buys is judged before what it costs: a no-op is never timed against the cost bar
+    (it would clear it, being no slower than the baseline)."""
+    def no_op(model, stages):
+        return model
+
+    mark = judged("checkpoint_cost_verified", no_op, seed=11)
+    assert mark.fraction == 0.0 and "no cost to grade" in mark.message and "saving" in mark.message, mark.message
+    assert mark.verdict is None  # nothing was re-measured
