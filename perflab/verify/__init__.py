@@ -21,7 +21,21 @@ from perflab.verify.protocol import Verdict, judge, verify
 __all__ = ["Budget", "CandidateError", "Decision", "Expectation", "Side", "Verdict", "bootstrap_ratio_ci",
            "export_functions", "judge", "load_expectation", "speedup", "verify"]
 
+import sys as _sys  # noqa: E402
+import types as _types  # noqa: E402
+
 from perflab.verify import guard as _guard  # noqa: E402
+
+
+class _VerifyPackage(_types.ModuleType):
+    """`from perflab import verify` gives this package; calling it runs `verify.verify`, so the package
+    face reads `verify(baseline, candidate, expectation=...)` while `verify.load_expectation` still works."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return verify(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _VerifyPackage
 
 # Record perflab's file hashes as early as possible in this process (see guard.expected_hashes).
 _guard.expected_hashes()
