@@ -69,6 +69,26 @@ def test_scan_code_leaves_honest_code_alone(code):
     assert checks.scan_code(code) == []
 
 
+@pytest.mark.parametrize(("code", "needle"), [
+    ("lab02.accepted = lambda outcome: True", "line 1: the code replaces perflab.labs.lab02.accepted"),
+    ("x = 1\nlab03 = type('P', (), {'__getattr__': lambda s, n: print})()", "line 2: the code rebinds lab03"),
+    ("setattr(common, 'accepted', print)", "line 1: the code calls setattr on perflab.labs.common"),
+])
+def test_a_cell_using_names_an_earlier_cell_imported_is_scanned_with_them(code, needle):
+    """The setup cell (locked, never scanned itself) imports the lab's modules; a later cell rebinding them
+    without importing anything is flagged, with the line, because one kernel runs every cell."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    setup = new_code_cell("from perflab.labs import common, lab02, lab03\n")
+    setup.metadata["nbgrader"] = {"grade_id": "setup", "locked": True, "solution": False, "grade": False}
+    nb = new_notebook(cells=[setup, new_code_cell(code)])
+    release = new_notebook(cells=[setup])
+    findings = checks.scan_notebook(nbformat.from_dict(nb), nbformat.from_dict(release))
+    assert any(needle in f.message and f.flag for f in findings), [f.message for f in findings]
+    assert checks.scan_code(code) == [] or "setattr" in code  # alone, the cell names nothing perflab
+
+
 def test_inspect_rejects_what_is_not_a_notebook():
     release = _release()
     nb, findings = checks.inspect_submission(b"{not json", release)

@@ -183,26 +183,38 @@ def scan_notebook(nb: Any, release: Any) -> list[Finding]:
     """Static checks of the code a student could edit (cells not locked in the release)."""
     locked = {grade_id(c) for c in release.cells if grade_id(c) and c.metadata.nbgrader.get("locked")}
     out: list[Finding] = []
+    known: dict[str, str] = {}  # names imported by the cells above (locked ones too): one kernel runs them all
     for index, cell in enumerate(nb.cells, start=1):
-        if cell.cell_type != "code" or (grade_id(cell) in locked):
+        if cell.cell_type != "code":
             continue
-        name = grade_id(cell) or f"cell {index}"
-        out += [Finding(name, message, flag=True) for message in scan_code(cell.source)]
+        if grade_id(cell) not in locked:
+            name = grade_id(cell) or f"cell {index}"
+            out += [Finding(name, message, flag=True) for message in scan_code(cell.source, known)]
+        known.update(_aliases(_parse(cell.source) or ast.Module(body=[], type_ignores=[])))
     return out
 
 
-def scan_code(source: str) -> list[str]:
-    """Messages for clock or perflab patching, kernel hooks, steering environment variables, reads
-    outside the notebook's folder in one cell's code (with the line)."""
-    messages = _scan_magics(source)
+def _parse(source: str) -> ast.AST | None:
+    """A cell's code as a tree (IPython magics and shell lines read as `pass`); None if it does not parse."""
     text = "\n".join("pass" if _MAGIC.match(line) else line for line in source.splitlines())
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except SyntaxError:
-        return []
-    aliases = _aliases(tree)
+        return None
+
+
+def scan_code(source: str, known: dict[str, str] | None = None) -> list[str]:
+    """Messages for clock or perflab patching, kernel hooks, steering environment variables, reads
+    outside the notebook's folder in one cell's code (with the line). `known`: names the cells before
+    it imported (`lab02` -> `perflab.labs.lab02`), which this cell may use without importing them."""
+    messages = _scan_magics(source)
+    tree = _parse(source)
+    if tree is None:
+        return messages
+    aliases = {**(known or {}), **_aliases(tree)}
     messages += _scan_hooks_env_paths(tree, aliases)
     for node in ast.walk(tree):
+        line = f"line {getattr(node, 'lineno', '?')}: "
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = node.targets
@@ -213,19 +225,23 @@ def scan_code(source: str) -> list[str]:
         for target in targets:
             dotted = _dotted(target, aliases)
             if dotted and isinstance(target, (ast.Attribute, ast.Subscript)) and _guarded(dotted):
-                messages.append(f"the code replaces {dotted}; timing and perflab must not be patched "
+                messages.append(line + f"the code replaces {dotted}; timing and perflab must not be patched "
                                 "(the autograder re-measures in a fresh process, and flags this)")
+            elif (isinstance(target, ast.Name) and aliases.get(target.id, "").startswith("perflab.")
+                  and not isinstance(node, ast.Delete)):
+                messages.append(line + f"the code rebinds {target.id}, which stands for {aliases[target.id]}; "
+                                "perflab must not be replaced (the grader uses its own, and flags this)")
         if isinstance(node, ast.Call):
             func = _dotted(node.func, aliases) or ""
             if func in ("setattr", "delattr") and node.args:
                 owner = _dotted(node.args[0], aliases)
                 if owner and _guarded(owner + "."):
-                    messages.append(f"the code calls {func} on {owner}; timing and perflab must not be patched")
+                    messages.append(line + f"the code calls {func} on {owner}; timing and perflab must not be patched")
             if func.endswith("patch") or func.endswith("patch.object") or func.endswith(".setattr"):
                 names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 owner = _dotted(node.args[0], aliases) if node.args else None
                 if any(_guarded(n) for n in names) or (owner and _guarded(owner + ".")):
-                    messages.append(f"the code patches {names[0] if names else owner} with {func}")
+                    messages.append(line + f"the code patches {names[0] if names else owner} with {func}")
     return list(dict.fromkeys(messages))
 
 
