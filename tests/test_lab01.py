@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -33,6 +34,16 @@ def test_results_and_trace_written(tiny_data) -> None:
     assert {"counts", "memory_budget", "roofline", "top_ops", "phases", "bottleneck", "baseline"} <= set(sections)
     assert sections["counts"]["parameters"] > 11_000_000
     lab01.check_trace(common.results_path(LAB, run.folder).with_suffix(".trace.json"), 2)
+
+
+def test_no_layer_is_shown_above_its_roof(tiny_data) -> None:
+    """On any machine the roofline table the student reads puts every layer at or below 100% of its roof:
+    a layer faster than the micro-benchmarks raises the peak before the table is printed."""
+    run = H.graded_solution(LAB)
+    text = "".join(o.get("text", "") for c in run.notebook.cells for o in c.get("outputs", [])
+                   if "roofline.measure_peaks" in c.source)
+    shares = [int(m) for m in re.findall(r"achieved +[\d.]+ GFLOP/s \((\d+)%\)", text)]
+    assert len(shares) == 6 and max(shares) <= 100, text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -328,3 +328,29 @@ def test_every_cheat_at_once_on_a_blank_lab_earns_nothing_and_is_flagged(lab: st
     blob = zlib.decompress(base64.b64decode("".join(lines))) if lines else b""
     for secret in (b"BEGIN HIDDEN", b"BEGIN SOLUTION", b"JUDGES"):
         assert secret not in blob, secret
+
+
+@pytest.mark.slow
+def test_nbgrader_validate_still_works_for_a_student(tmp_path, tiny_data) -> None:
+    """The visible tests still run in the student's kernel: `nbgrader validate` passes a reference answer
+    and names the failing cells of a blank copy (they earn nothing by themselves: the grader re-runs them)."""
+    import subprocess
+
+    from perflab import demo
+
+    lab = "lab03_amp"
+    release = nbformat.read(H.REPO / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    source = nbformat.read(H.REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    answered, blank = tmp_path / "answered" / f"{lab}.ipynb", tmp_path / "blank" / f"{lab}.ipynb"
+    for path, nb in ((answered, demo.reference_notebook(source, release)), (blank, release)):
+        path.parent.mkdir()
+        nbformat.write(nb, path)
+    validate = [str(H.REPO / ".venv" / "bin" / "nbgrader"), "validate"]
+    env_vars = {**__import__("os").environ, **H.TINY_ENV}
+    ok = subprocess.run([*validate, str(answered)], capture_output=True, text=True, env=env_vars, timeout=900,
+                        cwd=answered.parent)
+    assert "Success! Your notebook passes all the tests." in ok.stdout, ok.stdout[-2000:] + ok.stderr[-2000:]
+    bad = subprocess.run([*validate, str(blank)], capture_output=True, text=True, env=env_vars, timeout=900,
+                         cwd=blank.parent)
+    assert "VALIDATION FAILED ON" in bad.stdout and "You did not provide a response" in bad.stdout, bad.stdout[-2000:]
+    assert not (answered.parent / "results").exists()  # validation never writes the student's results

@@ -257,7 +257,7 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
             return Plan(change, "skip", f"calibrated on {bar.hardware_class}: {bar.kind}, no gain to take")
         if not hardware_can:
             return Plan(change, "skip", f"not calibrated here, and {why_not}")
-        return Plan(change, "try", "not calibrated on this hardware: the screening measures it")
+        return Plan(change, "try", "not calibrated for this workload on this hardware: the screening measures it")
 
     plans.append(judged(loader_change(info), True, ""))
     amp = amp_dtype_for(info.device)

@@ -899,16 +899,16 @@ for call in lab01.layer_calls(net, (CONFIG.batch_size, 3, CONFIG.image_size, CON
                             sync=lambda: env.synchronize(DEVICE))["median"]
     points.append(roofline.point(call.name, flops, nbytes, peaks, seconds=seconds))
     rows.append({"name": call.name, "flops": float(flops), "bytes": float(nbytes), "verdict": verdict})
-    print(f"{call.name:<24} {flops / nbytes:7.1f} FLOP/B  {verdict:<14} roof {attainable / 1e9:8.1f} "
-          f"GFLOP/s, achieved {flops / seconds / 1e9:7.1f} GFLOP/s ({flops / seconds / attainable:.0%})")
 if any(p.achieved > p.attainable for p in points):
     # A peak is the most this device was seen to do: a layer above the micro-benchmarks' roof means
     # its kernel beat them, so the roof goes up to it (and the verdicts are placed again).
     peaks, points = roofline.raised_to_fit(peaks, points)
     print(f"A layer ran above the micro-benchmarks' roof: the peak is raised to what it reached ({peaks.source}): "
           f"{peaks.peak_flops() / 1e9:.1f} GFLOP/s, {peaks.bandwidth / 1e9:.1f} GB/s")
-    for p, row in zip(points, rows, strict=True):
-        row["verdict"] = p.verdict
+for p, row in zip(points, rows, strict=True):
+    row["verdict"], attainable = roofline_verdict(p.flops, p.bytes, peaks.peak_flops(), peaks.bandwidth)
+    print(f"{p.name:<24} {p.intensity:7.1f} FLOP/B  {row['verdict']:<14} roof {attainable / 1e9:8.1f} "
+          f"GFLOP/s, achieved {p.achieved / 1e9:7.1f} GFLOP/s ({p.achieved / attainable:.0%})")
 roofline.plot_roofline(points, peaks)
 plt.show()
 RESULTS["roofline"] = {"peak_flops": peaks.peak_flops(), "peak_bandwidth": peaks.bandwidth, "layers": rows}
