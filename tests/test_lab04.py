@@ -418,3 +418,25 @@ def test_a_checkpoint_that_saves_nothing_earns_nothing_for_its_time_cost() -> No
     mark = judged("checkpoint_cost_verified", no_op, seed=11)
     assert mark.fraction == 0.0 and "no cost to grade" in mark.message and "saving" in mark.message, mark.message
     assert mark.verdict is None  # nothing was re-measured
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_reference_checkpoint_passes_whatever_threads_the_sandbox_has(seed: int, monkeypatch) -> None:
+    """The grader draws a fresh seed per submission and runs the student's program in a sandbox whose torch
+    thread count need not be the grading process's: a correct checkpoint passes on every seed. Before both
+    sides ran on lab04.OBSERVATION_THREADS, seeds 0-3, 5 and 10 failed it with the program on 1 thread and
+    the judge on 2 (ResNet-18 at batch 2 in train mode; a conv bias before BatchNorm, whose gradient is
+    rounding noise)."""
+    run_here = hidden04._run_here
+
+    def on_other_threads(program: str, timeout: float):
+        before = torch.get_num_threads()
+        torch.set_num_threads(3 - min(before, 2))  # 1 where the judge has 2, and the other way round
+        try:
+            return run_here(program, timeout)
+        finally:
+            torch.set_num_threads(before)
+
+    monkeypatch.setattr(hidden04, "_run_here", on_other_threads)
+    hidden04._OBSERVED.clear()
+    assert_full("checkpoint_hidden", good_checkpoint, seed=seed)

@@ -780,6 +780,21 @@ def observe_accumulate(accumulate_gradients: Callable[..., float], seed: int) ->
 
 OBSERVERS = {"checkpoint_stages": "observe_checkpoint", "largest_batch": "observe_largest_batch",
              "accumulate_gradients": "observe_accumulate"}
+# Torch threads of the grader's observations (in its sandbox) and of the references it compares them with
+# (in the grading process): one count on both sides, so both run the same kernels and round alike. With 1
+# thread against 2, ResNet-18 at batch 2 in train mode (BatchNorm over 2 values) gave gradients 3e-4 apart.
+OBSERVATION_THREADS = 1
+
+
+@contextlib.contextmanager
+def observation_threads() -> Iterator[None]:
+    """Run the block on OBSERVATION_THREADS torch threads, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(OBSERVATION_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _exported(answers: Any, name: str) -> dict[str, Any]:
@@ -810,7 +825,8 @@ def _probe_cost(answers: Any, seed: int) -> dict[str, Any]:
 def observation_program(function: str, source: str, seed: int) -> str:
     """The program the grader runs (in its sandbox) to observe the student's `function` from its source."""
     return (f"import json as _json\nfrom perflab.labs import lab04 as _lab04\n_observe = _lab04.{OBSERVERS[function]}\n\n"
-            f"{source}\n\n\nprint('PERFLAB-OBSERVED ' + _json.dumps(_observe({function}, {int(seed)}), allow_nan=False))\n")
+            f"{source}\n\n\nwith _lab04.observation_threads():\n    _seen = _observe({function}, {int(seed)})\n"
+            "print('PERFLAB-OBSERVED ' + _json.dumps(_seen, allow_nan=False))\n")
 
 
 def candidate_source(source: str, config: TrainConfig, stages: Sequence[str] = GRADED_STAGES) -> str:
