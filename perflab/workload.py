@@ -339,13 +339,17 @@ def build(config: TrainConfig) -> Workload:
                     augment, num_classes, scaler=scaler)
 
 
-def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, list[int]]:
-    """One optimizer step (over `accumulation_steps` micro-batches). Returns its mean loss and the sample indices seen."""
+def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[torch.Tensor, list[int]]:
+    """One optimizer step (over `accumulation_steps` micro-batches). Returns its mean loss and the sample indices seen.
+
+    The loss stays on the device (a 0-d tensor): reading it (`float(loss)`) waits for the device, so the
+    step itself never does, and asynchronous copies and CPU/GPU overlap show in what is timed around it.
+    """
     timer = timer or PhaseTimer.disabled()
     cfg, model = work.config, work.train_model
     work.model.train()
     indices: list[int] = []
-    total_loss = 0.0
+    total_loss: torch.Tensor | None = None
     for _ in range(cfg.accumulation_steps):
         with timer.phase("data"):
             images, labels, index = work.next_batch()
@@ -361,7 +365,7 @@ def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, 
             loss = nn.functional.cross_entropy(logits, labels) / cfg.accumulation_steps
         with timer.phase("backward"):
             (loss if work.scaler is None else work.scaler.scale(loss)).backward()
-        total_loss += float(loss.detach())
+        total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
         indices.extend(int(i) for i in index)
     with timer.phase("optimizer"):
         if work.scaler is None:
@@ -371,6 +375,7 @@ def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[float, 
             work.scaler.update()
         work.optimizer.zero_grad(set_to_none=True)
     work.steps_done += 1
+    assert total_loss is not None  # accumulation_steps >= 1
     return total_loss, indices
 
 
@@ -386,13 +391,15 @@ def train(config: TrainConfig, steps: int, *, timer: PhaseTimer | None = None,
         from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, desc="train", unit="step", leave=False)
+    losses: list[torch.Tensor] = []
     try:
         for _ in iterator:
             loss, indices = train_step(work, timer)
-            run.losses.append(loss)
+            losses.append(loss)
             run.indices.append(indices)
     finally:
         work.close()
+    run.losses = [float(x) for x in torch.stack(losses).cpu()] if losses else []  # one sync, after the run
     return run
 
 

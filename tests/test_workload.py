@@ -186,7 +186,7 @@ def test_fp16_trains_with_a_grad_scaler_and_bf16_without(monkeypatch: pytest.Mon
     for _ in range(20):
         before = [p.detach().clone() for p in work.model.parameters()]
         loss, _ = workload.train_step(work)
-        assert torch.isfinite(torch.tensor(loss))
+        assert torch.isfinite(loss)
         if any(not torch.equal(a, p) for a, p in zip(before, work.model.parameters(), strict=True)):
             break
     else:
@@ -219,3 +219,17 @@ def test_samples_are_seeded_without_the_global_seed_call(monkeypatch) -> None:
     assert not torch.equal(first[0], first[1])  # each sample its own seed
     data.epoch = 1
     assert not torch.equal(data[0][0], first[0])  # and each epoch
+
+
+def test_the_loss_stays_on_the_device_until_read() -> None:
+    """train_step hands back the loss as a 0-d tensor on the step's device (reading it is the caller's
+    sync); train() reads every step's loss once, after the run."""
+    work = workload.build(TINY)
+    try:
+        loss, indices = workload.train_step(work)
+        assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and not loss.requires_grad
+        assert loss.device.type == work.device.type and len(indices) == TINY.batch_size
+    finally:
+        work.close()
+    run = workload.train(TINY, 2)
+    assert len(run.losses) == 2 and all(type(x) is float for x in run.losses)

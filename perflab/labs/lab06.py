@@ -463,7 +463,7 @@ def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int) -> d
             try:
                 losses = [workload.train_step(work)[0] for _ in range(steps)]
                 out[key] = workload.evaluate(work)
-                out[f"{key}_loss"] = losses[-1]
+                out[f"{key}_loss"] = float(losses[-1])
             finally:
                 work.close()
         out["n_eval"] = len(dataset.load(baseline.data, image_size=baseline.image_size, train=False))

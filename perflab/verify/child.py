@@ -87,6 +87,8 @@ class Side:
 
     def run(self, steps: int, *, per_step: bool = False) -> float:
         """Run `steps` steps between two device syncs; the wall seconds (bound clock)."""
+        import torch
+
         clock = CLOCKS.perf_counter_ns
         use_events = CLOCKS.event is not None and _cuda_in_use()
         if use_events:
@@ -95,10 +97,14 @@ class Side:
         t0 = clock()
         if use_events:
             start_ev.record()
+        pending: list[Any] = []  # plain tensors, read after the block's one sync
         for _ in range(steps):
             s0 = clock()
             loss, idx = self.step()
-            self.losses.append(float(loss))
+            # A plain tensor's value is computed (or queued on the device) already: reading it waits for
+            # the device, which the sync ending the block does once. Anything else (a float, an object
+            # whose float() might do work) is read here, inside the timed block.
+            pending.append(loss.detach() if type(loss) is torch.Tensor else float(loss))
             self.indices.append([int(i) for i in idx])
             if per_step:
                 _sync()
@@ -107,6 +113,7 @@ class Side:
             end_ev.record()
         _sync()
         seconds = (clock() - t0) / 1e9
+        self.losses.extend(float(x) for x in pending)
         if use_events:
             self.event_ms.append(float(CLOCKS.elapsed_time(start_ev, end_ev)))
         return seconds
