@@ -3,10 +3,13 @@ them with another process keeping one core busy; then cheats and crashes, each o
 
     python bench/bench_verify.py                 # the full study (~20 minutes on an idle 2-core machine)
     python bench/bench_verify.py --trials 10     # a quick look
+    python bench/bench_verify.py --only-lab --lab-trials 100   # the graded-workload study alone
 
 Honest candidates (bench/candidates/honest.py) run perflab's toy reference with a known number of
 gradient repeats per step against the reference's 10: 10 (1.0x), 8 (1.25x), 5 (2x). Each is graded
 at a bar: 1.0x at 1.1 (must never pass), 1.25x at 1.1 and 2x at 1.5 (must pass; false fails <= 1%).
+The lab study holds a near-lazy choice and the reference's bf16 to the bar calibrated at lab 3's grade
+workload, where that bar asks for a gain: the first must never pass, the second fail in at most 1%.
 """
 
 from __future__ import annotations
@@ -119,6 +122,50 @@ def adversarial_study(threads: int | None) -> tuple[list[dict], bool]:
     return rows, ok
 
 
+def lab_study(trials: int) -> tuple[list[dict], float]:
+    """At lab 3's grade workload and the bar calibrated there: a near-lazy choice (pin_memory on a CPU
+    changes nothing the step does) and the reference's bf16, half of the trials with one core busy. An
+    unchanged configuration is not timed at all ("no change"); this is the closest a student gets to it."""
+    from perflab.labs import lab03
+    from perflab.verify import load_expectation
+
+    base = lab03.baseline_config("grade")
+    bar = load_expectation(lab03.expectation_name(base.device_type), workload=base)
+    cases = (("near-lazy", base.replace(pin_memory=True)), ("reference", base.replace(amp_dtype="bf16")))
+    rows = []
+    for i in range(trials):
+        busy = busy_loop() if i % 2 == 1 else None
+        try:
+            for label, candidate in cases:
+                v = verify(base, candidate, expectation=bar.threshold, seed=i, hashes=guard.file_hashes())
+                rows.append({"label": label, "busy": busy is not None, "outcome": v.outcome, "code": v.code,
+                             "speedup": v.speedup, "ci": v.ci, "pairs": v.pairs, "seconds": v.elapsed_seconds})
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+        print(f"  lab trial {i + 1:3d}/{trials} {'busy ' if busy else 'quiet'} "
+              + "  ".join(f"{r['label']}:{r['outcome'][:4]}" for r in rows[-2:]), file=sys.stderr, flush=True)
+    return rows, bar.threshold
+
+
+def lab_table(rows: list[dict], bar: float) -> str:
+    lines = [f"{'choice':>10s} {'bar':>5s} {'load':>6s} {'n':>4s} {'pass':>5s} {'fail':>5s} {'inconc':>6s} "
+             f"{'error':>5s} {'med est':>8s} {'med s':>6s}"]
+    for label in ("near-lazy", "reference"):
+        for busy in (None, False, True):
+            sel = [r for r in rows if r["label"] == label and (busy is None or r["busy"] == busy)]
+            if not sel:
+                continue
+            c = Counter(r["outcome"] for r in sel)
+            est = [r["speedup"] for r in sel if r["speedup"] is not None]
+            lines.append(f"{label:>10s} {bar:5.2f} {('all' if busy is None else 'busy' if busy else 'quiet'):>6s} "
+                         f"{len(sel):4d} {c['pass']:5d} {c['fail']:5d} {c['inconclusive']:6d} {c['error']:5d} "
+                         f"{statistics.median(est) if est else float('nan'):8.3f} "
+                         f"{statistics.median(r['seconds'] for r in sel):6.1f}")
+    return "\n".join(lines)
+
+
 def grade_mode_times(runs: int) -> list[float]:
     """Seconds per verification of a real TrainConfig pair at grade sizes (baseline vs channels_last)."""
     from perflab import env
@@ -142,12 +189,28 @@ def main() -> int:
                         help="torch threads in the child (default 1: the busy loop takes the other core)")
     parser.add_argument("--grade-runs", type=int, default=5, help="grade-mode TrainConfig verifications to time")
     parser.add_argument("--skip-honest", action="store_true")
+    parser.add_argument("--lab-trials", type=int, default=20,
+                        help="trials of the near-lazy / reference study at lab 3's grade workload (default 20)")
+    parser.add_argument("--only-lab", action="store_true", help="run only the lab-workload study")
     parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args()
     start = time.perf_counter()
     print(f"perflab.verify bench: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start", flush=True)
     report: dict = {"load_start": os.getloadavg()}
     passed = True
+    if args.lab_trials > 0:
+        lab_rows, bar = lab_study(args.lab_trials)
+        report["lab"] = lab_rows
+        print("\nLab 3's grade workload, held to its calibrated bar (busy: another process spins on one core):")
+        print(lab_table(lab_rows, bar))
+        if bar > 1.0:  # a gain to grade here: changing nothing that matters never passes, the reference does
+            passed &= not any(r["outcome"] == "pass" for r in lab_rows if r["label"] == "near-lazy")
+            ref = [r for r in lab_rows if r["label"] == "reference"]
+            passed &= sum(r["outcome"] == "fail" for r in ref) <= 0.01 * len(ref)
+    if args.only_lab:
+        print(f"\nbench took {(time.perf_counter() - start) / 60:.1f} min; "
+              f"{'all criteria met' if passed else 'SOME CRITERIA NOT MET'}")
+        return 0 if passed else 1
     if not args.skip_honest and args.trials > 0:
         rows = honest_study(args.trials, args.threads)
         report["honest"] = rows
