@@ -317,15 +317,18 @@ def judge_cost(observed: Any, ctx: Context) -> Mark:
     assert isinstance(observed, dict), "checkpoint_stages could not be read from the notebook"
     source = observed.get("source")
     assert isinstance(source, str) and source.strip(), observed.get("why") or "checkpoint_stages could not be exported"
-    try:  # what checkpointing buys comes first: a checkpoint that saves no memory has no cost worth grading
-        judge_checkpoint_hidden(observed, ctx)
-    except AssertionError as exc:
-        return Mark(0.0, f"no cost to grade: checkpoint_stages does not save the activation memory that "
-                         f"checkpointing buys ({exc})")
     claim = decode_float(observed.get("claim"))
     claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
     s = lab04.sizes(ctx.mode)
     baseline = lab04.baseline_config(ctx.mode)
+    try:  # what checkpointing buys comes first: a checkpoint that saves no memory has no cost worth grading
+        judge_checkpoint_hidden(observed, ctx)
+    except AssertionError as exc:
+        from perflab.verify import Verdict, load_expectation
+
+        why = f"no cost to grade: checkpoint_stages does not save the activation memory that checkpointing buys ({exc})"
+        expectation = load_expectation(lab04.EXPECTATION, workload=baseline)
+        return common.mark_of(Verdict("fail", "no_saving", why, expectation.threshold, claim=claim), expectation)
     verdict, expectation = ctx.verify_module(baseline, lab04.candidate_source(source, baseline), lab04.EXPECTATION,
                                              label="checkpoint_stages", claim=claim, max_pairs=s.verify_max_pairs,
                                              max_seconds=s.verify_seconds)
