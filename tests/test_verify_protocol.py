@@ -105,6 +105,10 @@ def test_an_unchanged_configuration_is_no_change_and_never_timed(bar, outcome):
                runner=runner)
     assert (v.outcome, v.code) == (outcome, "no_change") and v.reason.startswith("no change")
     assert "faster" not in v.describe() and v.speedup is None
+    typed = verify(base, base, expectation=bar, claim=9.0, runner=runner)  # the demo cheater's typed-in claim
+    assert (typed.outcome, typed.code) == ("fail", "claim_contradicted") and typed.claim_far_off, typed.reason
+    noisy = verify(base, base, expectation=bar, claim=1.4, runner=runner)  # an honest, noisy A/A figure
+    assert noisy.outcome == outcome and not noisy.claim_far_off
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

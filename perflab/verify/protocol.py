@@ -286,6 +286,14 @@ def no_change(expectation: float, *, claim: float | None = None, seed: int = 0, 
     measure. Where this hardware's bar asks for a gain it fails; where it asks only for no regression
     (no gain to give here), keeping the baseline is the right decision and passes."""
     common = {"expectation": expectation, "claim": claim, "seed": seed, "baseline": baseline, "candidate": candidate}
+    # An unchanged configuration's speedup is 1.00x exactly; a claim more than CLAIM_CONTRADICTED times that
+    # is contradicted as it would be by a re-measurement. (A smaller miss is the student's own A/A noise,
+    # which a notebook's short comparison can put well away from 1.0: no far-off note without a CI to hold.)
+    if claim is not None and claim > CLAIM_CONTRADICTED:
+        return Verdict("fail", "claim_contradicted",
+                       f"your claimed {claim:.2f}x is more than {CLAIM_CONTRADICTED:g} times the speedup of a "
+                       "candidate that is the baseline (1.00x): a claim must come from your own measurement",
+                       claim_far_off=True, **common)
     if expectation > 1.0:
         return Verdict("fail", "no_change", f"no change: the candidate is the baseline, so its speedup is 1.00x, "
                                             f"below this machine's bar of {expectation:.2f}x (the reference "
