@@ -224,27 +224,6 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
         lab02.accepted("inconclusive")
 
 
-def test_an_undecided_verification_is_credited_only_from_an_estimate_at_the_bar(monkeypatch) -> None:
-    """Under the default "credit" policy an inconclusive run earns its points only if its best estimate
-    reaches the bar: a near-lazy choice left undecided on a busy machine (estimate 1.0x, bar 1.12x) earns
-    nothing, the reference left undecided (1.4x) keeps them."""
-    from perflab.labs import common
-    from perflab.verify import Verdict, load_expectation
-
-    monkeypatch.delenv(lab02.INCONCLUSIVE_ENV, raising=False)
-    assert not common.accepted("inconclusive", 1.0, 1.12) and common.accepted("inconclusive", 1.4, 1.12)
-    expectation = load_expectation("amp_bf16", "tpu-unknown")
-
-    def undecided(ratio: float) -> Verdict:
-        return Verdict("inconclusive", "undecided", "straddles", 1.12, baseline_times=[1.0] * 8,
-                       candidate_times=[1.0 / ratio] * 8)
-
-    assert common.mark_of(undecided(1.0), expectation).fraction == 0.0
-    assert common.mark_of(undecided(1.4), expectation).fraction == 1.0
-    monkeypatch.setenv(lab02.INCONCLUSIVE_ENV, "no-credit")
-    assert common.mark_of(undecided(1.4), expectation).fraction == 0.0
-
-
 def test_reference_best_is_what_calibration_times() -> None:
     from perflab.verify.calibrate import GRADED_IN, REFERENCE_CHANGES, baseline_config
 

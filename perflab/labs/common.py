@@ -180,20 +180,10 @@ def inconclusive_policy() -> str:
     return policy
 
 
-def accepted(outcome: str, speedup: float | None = None, bar: float | None = None) -> bool:
+def accepted(outcome: str) -> bool:
     """Whether a verification outcome earns the cell's points under the instructor's policy. In the
-    grading kernel a verification is "deferred": the grader re-measures it in its own process.
-
-    An inconclusive verification (the CI still straddled the bar when the timing budget ran out) earns
-    credit under the "credit" policy only if its best estimate is at or above the bar: on a 2-core
-    machine with one core busy, a choice that changed nothing that matters (pin_memory on a CPU) and the
-    reference's bf16 both ended undecided at lab 3's bar of 1.12x, estimated near 1.0x and near 1.4x.
-    """
-    if outcome in ("pass", "deferred"):
-        return True
-    if outcome != "inconclusive" or inconclusive_policy() != "credit":
-        return False
-    return speedup is None or bar is None or speedup >= bar
+    grading kernel a verification is "deferred": the grader re-measures it in its own process."""
+    return outcome in ("pass", "deferred") or (outcome == "inconclusive" and inconclusive_policy() == "credit")
 
 
 DEFERRED_REASON = ("not measured in this kernel: the grader re-measures your exported choice in its own process "
@@ -265,7 +255,7 @@ def mark_of(verdict: Any, expectation: Any) -> Any:
     from perflab.grading.judging import Mark
 
     record = verdict_record(verdict, expectation)
-    earned = accepted(record["verdict"], verdict.speedup, verdict.expectation)
+    earned = accepted(record["verdict"])
     message = f"{record['verdict']}: {verdict.reason}" if verdict.reason else record["verdict"]
     return Mark(1.0 if earned else 0.0, message, record)
 
