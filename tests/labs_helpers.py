@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -218,3 +219,34 @@ def generated(lab: str) -> str:
     if not _GENERATED:
         _GENERATED.update(build.generated_notebooks())
     return _GENERATED[lab]
+
+
+def every_cheat_notebook(lab: str, name: str, extra: str) -> Path:
+    """The lab's blank release with every cheat of the fixture corpus (tests/fixtures/grading/cases.py)
+    inserted after its setup cell, plus `extra` (a lab-specific rebinding), written under the lab's own
+    notebook name in `<course>/<name>/`; its path."""
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
+    import cases
+
+    course = course_for(lab)
+    nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
+    setup = next(i for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("grade_id") == "setup")
+    for code in reversed([*(code for _, code, _ in cases.CHEATS), extra]):
+        nb.cells.insert(setup + 1, new_code_cell(code))
+    path = course / name / f"{lab}.ipynb"
+    path.parent.mkdir(exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def snooped(run: GradedRun) -> bytes:
+    """What the corpus's snoop printed (zlib + base64 in 76-character lines), decoded."""
+    import base64
+    import zlib
+
+    text = "".join(o.get("text", "") for c in run.notebook.cells for o in c.get("outputs", []))
+    lines = [ln for ln in text.splitlines() if re.fullmatch(r"[A-Za-z0-9+/=]{1,76}", ln)]
+    return zlib.decompress(base64.b64decode("".join(lines))) if lines else b""

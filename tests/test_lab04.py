@@ -373,38 +373,19 @@ def test_a_function_is_judged_from_its_source_in_a_fresh_process() -> None:
 
 @pytest.mark.slow
 def test_every_cheat_at_once_on_a_blank_lab04_earns_nothing_and_is_flagged(tiny_data) -> None:
-    import base64
-    import sys
-    import zlib
-
-    import nbformat
-    from nbformat.v4 import new_code_cell
-
-    sys.path.insert(0, str(H.REPO / "tests" / "fixtures" / "grading"))
-    import cases
-
-    course = H.course_for(LAB)
-    nb = nbformat.read(course / "release" / LAB / f"{LAB}.ipynb", as_version=4)
-    setup = next(i for i, c in enumerate(nb.cells) if H.nbgrader_meta(c).get("grade_id") == "setup")
     rebind = ("import perflab.grading.probing as _p\nimport perflab.grading.harness as _h\nfrom perflab.labs import lab04 as _l\n"
               "_p.export_source = lambda fn, ns: 'def checkpoint_stages(m, s):\\n    return m\\n'\n"
               "_h.run = lambda *a, **k: None\n_l.PROBES.clear()\n")
-    for _name, code, _ in reversed([*cases.CHEATS, ("rebind-lab04", rebind, "")]):
-        nb.cells.insert(setup + 1, new_code_cell(code))
-    path = course / "cheater-all" / f"{LAB}.ipynb"  # submitted under the lab's own notebook name
-    path.parent.mkdir(exist_ok=True)
-    nbformat.write(nb, path)
+    path = H.every_cheat_notebook(LAB, "cheater-all", rebind)  # submitted under the lab's own notebook name
 
-    run = H.autograde(course, LAB, "cheater", path)
+    run = H.autograde(H.course_for(LAB), LAB, "cheater", path)
     blank = H.graded_blank(LAB)
     assert sum(s.auto_score or 0 for s in run.autograded) <= sum(s.auto_score or 0 for s in blank.autograded) == 0
     flags = " ".join(run.record.flags)
     for evidence in ("kernel hooks", "replaces perflab.grading", "environment variable", "outside its folder"):
         assert evidence in flags, (evidence, run.record.flags)
     # Whatever the snoop found is printed compressed: decode it, and nothing of the grader's is there.
-    text = "".join(o.get("text", "") for c in run.notebook.cells for o in c.get("outputs", []))
-    lines = [ln for ln in text.splitlines() if re.fullmatch(r"[A-Za-z0-9+/=]{1,76}", ln)]
-    blob = zlib.decompress(base64.b64decode("".join(lines))) if lines else b""
+    blob = H.snooped(run)
     for secret in (b"BEGIN HIDDEN", b"BEGIN SOLUTION", b"JUDGES", b"_reference_checkpoint"):
         assert secret not in blob, secret
 

@@ -295,37 +295,19 @@ def test_every_cheat_at_once_on_a_blank_lab_earns_nothing_and_is_flagged(lab: st
     """The fixture corpus's cheats (kernel hooks, rebinding perflab, the bar and mode from the environment,
     snooping grader material out in base64, forged observations) all at once on a real blank lab, plus a
     rebinding of the lab's own module through the name its setup cell imported: no more than a blank."""
-    import base64
-    import sys
-    import zlib
-
-    from nbformat.v4 import new_code_cell
-
-    sys.path.insert(0, str(H.REPO / "tests" / "fixtures" / "grading"))
-    import cases
-
     module = lab.split("_")[0]
-    course = H.course_for(lab)
-    nb = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
-    setup = next(i for i, c in enumerate(nb.cells) if H.nbgrader_meta(c).get("grade_id") == "setup")
     rebind = (f"{module}.accepted = lambda outcome: True\n{module}.PROBES = {{}}\n"
               f"{module} = type('Proxy', (), {{'__getattr__': lambda self, name: (lambda *a, **k: True)}})()\n")
-    for _name, code, _ in reversed([*cases.CHEATS, (f"rebind-{module}", rebind, "")]):
-        nb.cells.insert(setup + 1, new_code_cell(code))
-    path = course / "cheater-all" / f"{lab}.ipynb"
-    path.parent.mkdir(exist_ok=True)
-    nbformat.write(nb, path)
+    path = H.every_cheat_notebook(lab, "cheater-all", rebind)
 
-    run = H.autograde(course, lab, "cheater-all", path)
+    run = H.autograde(H.course_for(lab), lab, "cheater-all", path)
     blank = H.graded_blank(lab)
     assert sum(s.auto_score or 0 for s in run.autograded) <= sum(s.auto_score or 0 for s in blank.autograded) == 0
     flags = " ".join(run.record.flags)
     for evidence in ("kernel hooks", "replaces perflab.grading", "environment variable", "outside its folder",
                      f"replaces perflab.labs.{module}.accepted", f"rebinds {module}"):
         assert evidence in flags, (evidence, run.record.flags)
-    text = "".join(o.get("text", "") for c in run.notebook.cells for o in c.get("outputs", []))
-    lines = [ln for ln in text.splitlines() if re.fullmatch(r"[A-Za-z0-9+/=]{1,76}", ln)]
-    blob = zlib.decompress(base64.b64decode("".join(lines))) if lines else b""
+    blob = H.snooped(run)
     for secret in (b"BEGIN HIDDEN", b"BEGIN SOLUTION", b"JUDGES"):
         assert secret not in blob, secret
 

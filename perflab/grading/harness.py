@@ -1,7 +1,7 @@
 """The last cell the grading kernel runs: the lab's probes over the student's answers, as data.
 
     from perflab.grading import harness
-    harness.run("lab02_feed", seed=1234, out="/path/in/the/work/folder/observations.json")
+    harness.run("lab02_feed", seed=1234, out="observations.json")  # in the submission's work folder
 
 The grading worker appends that cell to the student's notebook (`cell_source`) and reads the file it
 writes. Nothing here is trusted by the grader: the student's code ran in this kernel first, and may
