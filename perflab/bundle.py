@@ -5,6 +5,7 @@ One zip that a student unpacks and installs (`pip install -e .`), holding:
     labs/<lab>/<lab>.ipynb    the student copies nbgrader generated (no solutions, no hidden tests)
     perflab/                  the package source (the labs import it; the grader re-measures with it)
     pyproject.toml, environment.yml
+    nbgrader_config.py        nbgrader's settings for `nbgrader validate` run from the kit's root
     datasets/                 the synthetic data set's recipe, data card and README (not built data)
     README.md                 how to open a lab, run its checks, validate and hand it in
 
@@ -39,6 +40,7 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("datasets/DATA_CARD.md", None),
     ("datasets/README.md", None),
     ("pyproject.toml", None),
+    ("nbgrader_config.py", None),
     ("environment.yml", None),
 )
 # Path parts never shipped: caches, checkpoints, and what a lab run writes beside its notebook.

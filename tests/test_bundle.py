@@ -198,12 +198,16 @@ def test_bundle_refuses_a_file_with_a_solution(tmp_path):
     assert not (tmp_path / "out.zip").exists()
 
 
-def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
+def _unpack(shipped: dict[str, bytes], into: Path) -> Path:
     for name, data in shipped.items():
-        path = tmp_path / name
+        path = into / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    root = tmp_path / bundle.ROOT_NAME
+    return into / bundle.ROOT_NAME
+
+
+def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
+    root = _unpack(shipped, tmp_path)
     labs = sorted(p.stem for p in (REPO / "perflab" / "labs").glob("lab0*.py"))
     assert len(labs) == 6
     imports = ", ".join(f"perflab.labs.{lab}" for lab in labs)
@@ -212,3 +216,24 @@ def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()).resolve().is_relative_to(root.resolve())
+
+
+@pytest.mark.slow
+def test_nbgrader_validate_from_the_kit_root_finds_its_settings(shipped, tmp_path):
+    """`nbgrader validate labs/...` as the README says, from the unpacked kit's root: nbgrader finds the
+    kit's settings (no "No nbgrader_config.py file found") and gives a cell as long as the grader does."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from perflab.grading.nbgrader_api import DEFAULT_CELL_TIMEOUT
+
+    root = _unpack(shipped, tmp_path)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    assert config.Execute.timeout == DEFAULT_CELL_TIMEOUT
+    notebook = root / "labs" / "lab01_measure" / "check.ipynb"
+    notebook.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": "a", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": None}]}))
+    nbgrader = Path(sys.executable).parent / "nbgrader"
+    run = subprocess.run([str(nbgrader), "validate", "labs/lab01_measure/check.ipynb"], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert "Success! Your notebook passes all the tests." in run.stdout, run.stdout + run.stderr
+    assert "No nbgrader_config.py" not in run.stdout + run.stderr
