@@ -339,6 +339,23 @@ def test_memory_is_limited_for_the_whole_sandbox_not_per_process(tmp_path):
     assert out["killed"] != 0, out
 
 
+def test_processes_are_limited_for_the_whole_sandbox(tmp_path):
+    # Each child is one process under any per-process limit; together they are over the sandbox's.
+    code = ("import subprocess\nprocs, refused = [], None\n"
+            "for _ in range(200):\n"
+            "    try:\n"
+            "        procs.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+            "    except OSError as exc:\n"
+            "        refused = type(exc).__name__\n"
+            "        break\n"
+            "for p in procs:\n    p.kill()\n    p.wait()\n"
+            "out = {'started': len(procs), 'refused': refused}\n")
+    limits = sandbox.Limits(wall_s=120, processes=24)
+    run = _sandboxed(tmp_path, code, limits)
+    out = json.loads(run.result)
+    assert out["refused"] is not None and out["started"] < 24 + 64, out  # 64: the cgroup's margin for threads
+
+
 def test_sandbox_wall_limit_kills_the_whole_tree(tmp_path):
     import psutil
 

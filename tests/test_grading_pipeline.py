@@ -198,3 +198,43 @@ def test_a_run_killed_half_way_resumes_without_regrading(graded):
     for key, record in first.items():
         assert after[key] == record  # not graded again
     assert all(after[f"{LAB}/{s}"].score == 0 and after[f"{LAB}/{s}"].merges == 1 for s in ("late1", "late2"))
+
+
+def test_a_fault_while_recording_one_submission_never_stops_the_batch(graded, monkeypatch):
+    """Any exception while recording one result (gradebook, feedback copy, state) is that submission's
+    line and the batch goes on; a recorded failure is not repeated by the next run, and a result that
+    could not be recorded at all stays pending for it."""
+    from perflab.grading import pipeline
+
+    course, root = graded["course"], graded["root"]
+    folder = root / "faults"
+    folder.mkdir()
+    students = ("boom1", "boom2", "calm")
+    for name in students:
+        (folder / f"{name}_{LAB}.ipynb").write_bytes((root / "class" / f"blank_{LAB}.ipynb").read_bytes())
+    assert cli("grade", "collect", "--course", course, folder)[0] == 0
+    real = pipeline.merge
+
+    def faulty(course, job, info, result, state, **kw):
+        if job.student == "boom1" and not result.get("error"):
+            raise RuntimeError("the disk is full")  # the result fails, recording the failure works
+        if job.student == "boom2":
+            raise RuntimeError("the gradebook is locked")  # nothing can be recorded
+        return real(course, job, info, result, state, **kw)
+
+    monkeypatch.setattr(pipeline, "merge", faulty)
+    selection = [arg for s in students for arg in ("--student", s)]
+    code, text = cli("grade", "grade", "--course", course, "--jobs", "1", *selection, *GRADE_ARGS)
+    assert code == 0 and "graded 1 submission(s) (2 could not be run)" in text, text
+    records = State.load(course).records
+    assert records[f"{LAB}/calm"].outcome == "graded" and records[f"{LAB}/calm"].score == 0
+    boom = records[f"{LAB}/boom1"]
+    assert boom.outcome == "failed" and any("could not record this result (RuntimeError)" in n for n in boom.notes)
+    assert "the disk is full" not in " ".join(boom.notes)  # a grader fault, never the grader's traceback
+    assert f"{LAB}/boom2" not in records
+
+    monkeypatch.setattr(pipeline, "merge", real)
+    code, text = cli("grade", "grade", "--course", course, "--jobs", "1", *selection, *GRADE_ARGS)
+    assert "graded 1 submission(s) (0 could not be run), 2 already graded" in text, text
+    after = State.load(course).records
+    assert after[f"{LAB}/boom1"] == boom and after[f"{LAB}/boom2"].score == 0

@@ -901,7 +901,12 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 failure = {**failure_result(info, f"the grader could not record this result ({type(exc).__name__}); "
                                                   "an instructor has been told"), "wall_s": result.get("wall_s", 0.0),
                            "isolation": result.get("isolation", "")}
-                record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware)
+                try:
+                    record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware)
+                except Exception:  # not even the failure could be recorded: the next run tries again
+                    log.exception("%s/%s: could not record the failure either; left pending", job.lab, job.student)
+                    failed.append(f"{job.lab}/{job.student}")
+                    return
             (failed if record.outcome == "failed" else graded).append(record.key)
             if progress:
                 progress(record)
