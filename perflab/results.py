@@ -2,45 +2,38 @@
 
 A results file is one JSON object:
 
-    {"schema": "perflab.results", "version": 1, "lab": "lab03_amp", "created": "...",
+    {"schema": "perflab.results", "version": 2, "lab": "lab03_amp", "created": "...",
      "machine": {...perflab.env.MachineInfo...}, "config": {...TrainConfig...} | null,
      "sections": {name: data, ...}}
 
-Known sections and their shapes (all optional; a report says "not measured" for a missing one):
+Its shape is the JSON Schema in `perflab/schemas/results.schema.json` (Draft 2020-12): every section
+a lab or `perflab profile` writes, each field typed; a section it does not know is refused. The core
+sections a report reads: counts, baseline (STATs), speedups, phases, memory_vs_batch, memory_budget,
+roofline, top_ops, verification, accuracy, mfu, analysis, bottleneck.
 
-    counts            {"parameters": int, "flops_forward": int, "flops_train": int}
-    baseline          {"throughput": STAT, "step_time": STAT}      STAT = {"median": float, "ci": [lo, hi], "unit": str}
-    speedups          [{"name": str, "speedup": float, "ci": [lo, hi], "verdict"?: str, "claimed"?: float,
-                        "cumulative"?: bool}]   cumulative: measured against the lab's baseline with every
-                                                earlier row's change included (the default in lab06_together,
-                                                the ablation); otherwise each row is against its own baseline
-    phases            {"before": {phase: seconds}, "after"?: {phase: seconds}}
-    memory_vs_batch   [{"batch_size": int, "bytes": int, "checkpointed": bool}]
-    memory_budget     {"parameters": int, "gradients": int, "optimizer": int, "activations": int}
-    roofline          {"peak_flops": float, "peak_bandwidth": float,
-                       "layers": [{"name": str, "flops": float, "bytes": float, "verdict": str}],
-                       "achieved"?: {"flops_per_s": float, "intensity": float}}
-    top_ops           [{"name": str, "self_time_s": float, "calls": int}]
-    verification      [{"name": str, "verdict": str, "reason": str, "speedup"?: float, "ci"?: [lo, hi]}]
-    accuracy          {"baseline": float, "final": float}
-    mfu               {"achieved_flops_per_s": float, "peak_flops": float}
-    analysis          str (the student's written analysis, Markdown)
-    bottleneck        {"verdict": str, "reason": str}
+Raw samples are kept (version 2) so that a reader can recompute what was derived from them: a STAT
+(`{"median", "ci", "unit", "samples"}`) holds the values its statistic came from, and a speedup row
+measured by ABBA blocks holds both arms' block times (`samples`: `baseline_s`, `candidate_s`,
+`block_size`, `quantile`); `recompute_speedup` derives the speedup and its CI again. A speedup row's
+`cumulative` means it was measured against the lab's baseline with every earlier row's change
+included (lab06's ablation); otherwise each row is against its own baseline.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 SCHEMA = "perflab.results"
-VERSION = 1
-_NUMBER = (int, float)
+VERSION = 2  # what this perflab writes
+READS = (1, 2)  # what it reads: version 1 files (no raw samples) stay readable
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "results.schema.json"
 
 
 class ResultsError(ValueError):
@@ -96,26 +89,85 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def validate(doc: Any) -> None:
-    """Raise `ResultsError` naming the first field that does not fit the schema."""
+    """Raise `ResultsError` naming the first field that does not fit the schema (`SCHEMA_FILE`)."""
     if not isinstance(doc, dict):
         raise ResultsError("top level: expected a JSON object")
     if doc.get("schema") != SCHEMA:
         raise ResultsError(f"field 'schema': expected {SCHEMA!r}, got {doc.get('schema')!r}")
     version = doc.get("version")
-    if version != VERSION:
-        raise ResultsError(f"field 'version': this perflab reads version {VERSION}, the file has {version!r}")
-    for name, kind in (("lab", str), ("created", str), ("machine", dict), ("sections", dict)):
-        if not isinstance(doc.get(name), kind):
-            raise ResultsError(f"field {name!r}: expected {kind.__name__}, got {type(doc.get(name)).__name__}")
-    if doc.get("config") is not None and not isinstance(doc["config"], dict):
-        raise ResultsError("field 'config': expected an object or null")
-    for key in ("device", "hardware_class"):
-        if not isinstance(doc["machine"].get(key), str):
-            raise ResultsError(f"field 'machine.{key}': expected a string")
-    for name, data in doc["sections"].items():
-        checker = _SECTION_CHECKS.get(name)
-        if checker is not None:
-            checker(f"sections.{name}", data)
+    if version not in READS:
+        raise ResultsError(f"field 'version': this perflab reads versions {', '.join(map(str, READS))}, "
+                           f"the file has {version!r}")
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise ResultsError(_describe(errors[0]))
+    for field, (low, high) in _intervals(doc["sections"], "sections"):
+        if low > high:
+            raise ResultsError(f"field {field!r}: low {low} is above high {high}")
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _field(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "top level"
+
+
+def _describe(error: Any) -> str:
+    """One line for the first schema error: the field, what it should hold, what it holds."""
+    field = _field(error.absolute_path)
+    if error.validator == "required":
+        missing = next(k for k in error.validator_value if k not in error.instance)
+        return f"field {_field([*error.absolute_path, missing])!r}: missing"
+    if error.validator == "additionalProperties" and error.absolute_path and error.absolute_path[-1] == "sections":
+        known = ", ".join(sorted(error.schema.get("properties", {})))
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"field 'sections.{extra[0]}': not a section perflab knows ({known})"
+    if error.validator == "additionalProperties":
+        return f"field {field!r}: {error.message}"
+    expected = {"type": lambda v: " or ".join(v) if isinstance(v, list) else str(v),
+                "anyOf": lambda v: " or ".join(s.get("type", "a value") for s in v if isinstance(s, dict)),
+                "exclusiveMinimum": lambda v: f"a number above {v}", "minimum": lambda v: f"a number of at least {v}",
+                "minItems": lambda v: f"at least {v} item(s)", "maxItems": lambda v: f"at most {v} item(s)",
+                "const": repr, "enum": lambda v: "one of " + ", ".join(map(repr, v))}
+    what = expected.get(error.validator, lambda v: error.message)(error.validator_value)
+    return f"field {field!r}: expected {what}, got {error.instance!r}"[:300]
+
+
+def _intervals(value: Any, field: str) -> Iterator[tuple[str, tuple[float, float]]]:
+    """Every `ci` pair under `value`, with its field name."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "ci" and isinstance(item, list) and len(item) == 2:
+                yield f"{field}.ci", (item[0], item[1])
+            else:
+                yield from _intervals(item, f"{field}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _intervals(item, f"{field}[{i}]")
+
+
+def recompute_speedup(row: Mapping[str, Any]) -> tuple[float, tuple[float, float]] | None:
+    """(speedup, (low, high)) recomputed from a speedup row's raw `samples` (schema version 2), or None
+    for a row without them: the same statistic and bootstrap that measured it."""
+    samples = row.get("samples")
+    if not samples:
+        return None
+    from perflab.timing import Comparison
+
+    comparison = Comparison(samples["baseline_s"], samples["candidate_s"], samples["block_size"],
+                            quantile=samples["quantile"])
+    ci = comparison.ci()
+    return comparison.speedup, (ci.low, ci.high)
 
 
 def _jsonable(value: Any) -> Any:
@@ -139,105 +191,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, int):
         return value
     raise ResultsError(f"value of type {type(value).__name__} cannot be stored in results JSON")
-
-
-def _need(field: str, value: Any, kinds: type | tuple[type, ...], what: str) -> None:
-    if isinstance(value, bool) and kinds == _NUMBER or not isinstance(value, kinds):
-        raise ResultsError(f"field {field!r}: expected {what}, got {value!r}")
-
-
-def _check_ci(field: str, value: Any) -> None:
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, _NUMBER) for v in value)):
-        raise ResultsError(f"field {field!r}: expected [low, high], got {value!r}")
-    if value[0] > value[1]:
-        raise ResultsError(f"field {field!r}: low {value[0]} is above high {value[1]}")
-
-
-def _check_records(required: dict[str, tuple[type | tuple[type, ...], str]]):
-    def check(field: str, data: Any) -> None:
-        if not isinstance(data, list):
-            raise ResultsError(f"field {field!r}: expected a list")
-        for i, row in enumerate(data):
-            if not isinstance(row, dict):
-                raise ResultsError(f"field '{field}[{i}]': expected an object")
-            for key, (kinds, what) in required.items():
-                if key not in row:
-                    raise ResultsError(f"field '{field}[{i}].{key}': missing")
-                _need(f"{field}[{i}].{key}", row[key], kinds, what)
-            if "ci" in row:
-                _check_ci(f"{field}[{i}].ci", row["ci"])
-    return check
-
-
-def _check_mapping_of_numbers(field: str, data: Any) -> None:
-    if not isinstance(data, dict):
-        raise ResultsError(f"field {field!r}: expected an object")
-    for key, value in data.items():
-        if isinstance(value, dict):
-            _check_mapping_of_numbers(f"{field}.{key}", value)
-        elif value is not None and not isinstance(value, (*_NUMBER, str, list, bool)):
-            raise ResultsError(f"field '{field}.{key}': expected a number, got {value!r}")
-
-
-def _check_baseline(field: str, data: Any) -> None:
-    if not isinstance(data, dict):
-        raise ResultsError(f"field {field!r}: expected an object")
-    for key, stat in data.items():
-        if isinstance(stat, dict) and "median" in stat:
-            _need(f"{field}.{key}.median", stat["median"], _NUMBER, "a number")
-            if "ci" in stat:
-                _check_ci(f"{field}.{key}.ci", stat["ci"])
-
-
-def _check_phases(field: str, data: Any) -> None:
-    if not isinstance(data, dict) or "before" not in data:
-        raise ResultsError(f"field '{field}.before': missing")
-    for key in ("before", "after"):
-        if key in data:
-            _check_mapping_of_numbers(f"{field}.{key}", data[key])
-
-
-def _check_roofline(field: str, data: Any) -> None:
-    if not isinstance(data, dict):
-        raise ResultsError(f"field {field!r}: expected an object")
-    for key in ("peak_flops", "peak_bandwidth"):
-        _need(f"{field}.{key}", data.get(key), _NUMBER, "a number")
-        if data[key] <= 0:
-            raise ResultsError(f"field '{field}.{key}': must be positive, got {data[key]!r}")
-    _check_records({"name": (str, "a string"), "flops": (_NUMBER, "a number"),
-                    "bytes": (_NUMBER, "a number")})(f"{field}.layers", data.get("layers"))
-
-
-def _check_mfu(field: str, data: Any) -> None:
-    _check_mapping_of_numbers(field, data)
-    for key in ("achieved_flops_per_s", "peak_flops"):
-        _need(f"{field}.{key}", data.get(key), _NUMBER, "a number")
-    if data["peak_flops"] <= 0:
-        raise ResultsError(f"field '{field}.peak_flops': must be positive, got {data['peak_flops']!r}")
-
-
-def _check_bottleneck(field: str, data: Any) -> None:
-    if not isinstance(data, dict):
-        raise ResultsError(f"field {field!r}: expected an object")
-    _need(f"{field}.verdict", data.get("verdict"), str, "a string")
-
-
-def _check_text(field: str, data: Any) -> None:
-    _need(field, data, str, "text")
-
-
-_SECTION_CHECKS = {
-    "counts": _check_mapping_of_numbers,
-    "baseline": _check_baseline,
-    "speedups": _check_records({"name": (str, "a string"), "speedup": (_NUMBER, "a number")}),
-    "phases": _check_phases,
-    "memory_vs_batch": _check_records({"batch_size": (int, "an integer"), "bytes": (_NUMBER, "a number")}),
-    "memory_budget": _check_mapping_of_numbers,
-    "roofline": _check_roofline,
-    "top_ops": _check_records({"name": (str, "a string"), "self_time_s": (_NUMBER, "a number")}),
-    "verification": _check_records({"name": (str, "a string"), "verdict": (str, "a string")}),
-    "accuracy": _check_mapping_of_numbers,
-    "mfu": _check_mfu,
-    "analysis": _check_text,
-    "bottleneck": _check_bottleneck,
-}

@@ -200,9 +200,10 @@ class Measurement:
         return "\n".join(lines)
 
     def as_stat(self) -> dict[str, Any]:
-        """The results schema's STAT shape: {"median", "ci": [lo, hi], "unit": "s"}."""
+        """The results schema's STAT shape: {"median", "ci": [lo, hi], "unit": "s", "samples"}."""
         ci = self.ci()
-        return {"median": self.median, "ci": [ci.low, ci.high], "unit": "s"}
+        return {"median": self.median, "ci": [ci.low, ci.high], "unit": "s", "statistic": "median",
+                "samples": list(self.times)}
 
     # -- storage and replicates ---------------------------------------------------------------
 
@@ -321,9 +322,11 @@ class Comparison:
         ])
 
     def as_speedup(self, name: str) -> dict[str, Any]:
-        """A row of the results schema's `speedups` section."""
+        """A row of the results schema's `speedups` section, with the raw block times it came from."""
         ci = self.ci()
-        return {"name": name, "speedup": self.speedup, "ci": [ci.low, ci.high], "verdict": _verdict(ci)}
+        return {"name": name, "speedup": self.speedup, "ci": [ci.low, ci.high], "verdict": _verdict(ci),
+                "samples": {"baseline_s": list(self.a_times), "candidate_s": list(self.b_times),
+                            "block_size": self.block_size, "quantile": self.quantile}}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -187,6 +187,23 @@ def test_mixed_machines_are_flagged(tmp_path):
     assert "machine A" in section_text(rendered.html, "machine")
 
 
+def test_a_speedup_edited_after_it_was_measured_is_flagged(tmp_path):
+    from perflab.timing import Comparison
+
+    comparison = Comparison((0.30, 0.31, 0.29, 0.32), (0.20, 0.22, 0.21, 0.20), 4)
+    machine = results.load(ALL[0])["machine"]
+    honest = results.save(tmp_path / "lab03_amp.json", "lab03_amp",
+                          {"speedups": [comparison.as_speedup("bf16")]}, machine=machine)
+    assert not report.build_report([honest]).warnings
+    doc = json.loads(honest.read_text())
+    doc["sections"]["speedups"][0]["speedup"] = 9.0
+    edited = _write(tmp_path, doc, "edited.json")
+    rendered = report.build_report([edited])
+    assert rendered.warnings == (f"lab03_amp: the speedup 'bf16' says 9.00x, but its own raw samples give "
+                                 f"{comparison.speedup:.2f}x; the file was edited after it was measured.",)
+    assert "does not match its measurements" in rendered.html
+
+
 def test_analysis_is_escaped_markdown(full):
     analysis = section_text(full.html, "analysis")
     assert "<script>" not in analysis and "&lt;script&gt;" in analysis

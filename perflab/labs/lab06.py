@@ -385,9 +385,10 @@ def step_stat(block_times: Sequence[float], block_steps: int, batch_size: int) -
     per_step = np.asarray(block_times, dtype=float) / block_steps
     ci = stats.bootstrap_ci(per_step, stats.quantile_of(QUANTILE), seed=CI_SEED)
     return {"step_time": {"median": ci.estimate, "ci": [ci.low, ci.high], "unit": "s",
-                          "statistic": f"p{QUANTILE * 100:.0f} of blocks"},
+                          "statistic": f"p{QUANTILE * 100:.0f} of blocks", "samples": per_step.tolist()},
             "throughput": {"median": batch_size / ci.estimate, "ci": [batch_size / ci.high, batch_size / ci.low],
-                           "unit": "img/s"}}
+                           "unit": "img/s", "statistic": "batch size / step_time",
+                           "samples": (batch_size / per_step).tolist()}}
 
 
 def training_memory(config: TrainConfig, batch_sizes: Sequence[int], num_classes: int = 10) -> list[int]:

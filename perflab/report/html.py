@@ -257,6 +257,12 @@ def render(rs: ResultsSet, title: str | None = None) -> Report:
         body.append(f'<div class="banner" id="mixed-machines" role="alert"><strong>Warning: mixed '
                     f"machines.</strong> {esc(text)} Each section names the machine of its "
                     f"data.<ul>{''.join(lines)}</ul></div>")
+    for item, row, again in rs.mismatched_speedups():
+        text = (f"{item.lab}: the speedup '{row['name']}' says {float(row['speedup']):.2f}x, but its own raw "
+                f"samples give {again:.2f}x; the file was edited after it was measured.")
+        warnings.append(text)
+        body.append(f'<div class="banner" role="alert"><strong>Warning: a number that does not match its '
+                    f"measurements.</strong> {esc(text)}</div>")
     renderers = {
         "machine": _machine, "baseline": _baseline, "speedups": _speedups, "phases": _phases,
         "memory": _memory, "roofline": _roofline, "top-ops": _top_ops, "mfu": _mfu,

@@ -21,6 +21,9 @@ LAB_ORDER = ("lab01_measure", "lab02_feed", "lab03_amp", "lab04_memory", "lab05_
 # The lab whose `speedups` rows are a cumulative ablation unless a row says otherwise.
 ABLATION_LAB = "lab06_together"
 
+# How far a stored speedup may be from the one its raw samples give (float rounding only).
+SAMPLES_RTOL = 1e-6
+
 # Machine fields that decide whether two results can be compared at all.
 MACHINE_IDENTITY = ("hardware_class", "device_name")
 
@@ -85,6 +88,17 @@ class ResultsSet:
         for item in self.items:
             groups.setdefault(item.machine_key, []).append(item)
         return list(groups.items())
+
+    def mismatched_speedups(self) -> list[tuple[LabResults, dict[str, Any], float]]:
+        """Speedup rows whose stored speedup is not what their own raw samples give (an edited file):
+        (file, row, the speedup recomputed from the samples)."""
+        out = []
+        for item in self.having("speedups"):
+            for row in item.sections["speedups"]:
+                again = results.recompute_speedup(row)
+                if again is not None and abs(again[0] - float(row["speedup"])) > SAMPLES_RTOL * again[0]:
+                    out.append((item, row, again[0]))
+        return out
 
     @property
     def mixed_machines(self) -> bool:
