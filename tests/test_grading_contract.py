@@ -12,6 +12,7 @@ import labs_helpers as H
 import pytest
 
 from perflab.grading import harness, judging, pipeline, probing, sandbox, worker
+from perflab.grading import result as result_model
 
 LABS = H.lab_names()
 # What a hostile kernel might send instead of the probe's raw outputs.
@@ -143,15 +144,54 @@ INFO = pipeline.LabInfo("lab00_fixture", "lab00_fixture.ipynb",
 JOB = pipeline.Job("alice", "lab00_fixture", Path("x.ipynb"), "0" * 64)
 
 
-@pytest.mark.parametrize("payload", [b"", b"not json", b"[1, 2]", b'{"error": 3}', b"\xff" * 100,
-                                     json.dumps({"notebook": 5, "events": [{"cell": "x"}], "files": [1]}).encode()])
+_REPORT = {"schema": result_model.WORKER_SCHEMA, "version": result_model.WORKER_VERSION}
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"not json", b"[1, 2]", b'{"error": 3}', b"\xff" * 100,
+    json.dumps({"notebook": 5, "events": [{"cell": "x"}], "files": [1]}).encode(),
+    json.dumps({**_REPORT, "version": 1, "notebook": "{}"}).encode(),
+    json.dumps({**_REPORT, "error": ["not", "text"]}).encode(),
+    json.dumps({**_REPORT, "notebook": 5, "observations": [1], "events": [{"cell": "x"}, {"cell": True, "event": "e"}],
+                "files": {"a.json": 3}}).encode(),
+])
 def test_hostile_results_become_a_clear_failure_or_nothing_at_all(payload: bytes) -> None:
     result = pipeline.interpret(_run(payload), JOB, INFO)
-    if result.get("error"):
-        assert isinstance(result["error"], str) and result["error"]
-        assert [row["score"] for row in result["cells"]] == [0.0]
+    if result.error:
+        assert isinstance(result.error, str) and result.error
+        assert [row.score for row in result.cells] == [0.0]
     else:
-        assert result["notebook"] is None and result["events"] == [] and result["files"] == {}
+        assert result.notebook is None and result.observations is None
+        assert result.events == () and result.files == {}
+
+
+def test_the_worker_report_round_trips_through_the_pipe() -> None:
+    report = result_model.WorkerReport(notebook="{}", observations={"cells": {}},
+                                       events=(result_model.Event(3, "KeyboardInterrupt", "test_mean"),),
+                                       files={"lab00_fixture.json": "{}"})
+    assert result_model.WorkerReport.parse(report.to_json()) == report
+    got = pipeline.interpret(_run(report.to_json()), JOB, INFO)
+    assert got.error is None and got.events == report.events and got.files == report.files
+
+
+def test_a_submission_result_crosses_to_the_head_whole_or_not_at_all() -> None:
+    """What a Ray worker node sends back is checked field by field on the head."""
+    from perflab.grading.checks import Finding
+
+    result = result_model.SubmissionResult(
+        cells=(result_model.CellRow("test_mean", 2.0, 1.0, error="a check failed",
+                                    verdict={"verdict": "pass", "speedup": 1.4}),),
+        findings=(Finding("notebook", "hooks", flag=True),), events=(result_model.Event(1, "x"),),
+        files={"lab00_fixture.json": "{}"}, wall_s=3.5, isolation="root", sandbox_notes=("a note",), seed=7,
+        hardware_class="cpu-bf16")
+    assert result_model.SubmissionResult.from_json(result.to_json()) == result
+    doc = json.loads(result.to_json())
+    for field, bad in (("cells", [{"grade_id": "test_mean", "max_score": "2", "score": 1.0}]),
+                       ("cells", [{"grade_id": "test_mean", "max_score": 2.0, "score": True}]),
+                       ("findings", [{"cell": "notebook"}]), ("wall_s", "slow"), ("version", 9),
+                       ("sandbox_notes", [1])):
+        with pytest.raises(result_model.ResultError):
+            result_model.SubmissionResult.from_json(json.dumps({**doc, field: bad}))
 
 
 def test_a_result_with_no_observations_scores_every_cell_zero(tmp_path: Path) -> None:
@@ -161,8 +201,9 @@ def test_a_result_with_no_observations_scores_every_cell_zero(tmp_path: Path) ->
                             ({"grade_id": "test_pick_workers", "max_score": 10.0, "hidden": True, "manual": False},),
                             {})
     for observations in (None, [], {"schema": "x", "cells": {}}, {"schema": harness.OBSERVATIONS_SCHEMA, "cells": 3}):
-        rows = pipeline.score(info, tmpl, {"observations": observations}, {"test_pick_workers"}, 1, "tiny")
-        assert rows[0]["score"] == 0.0 and rows[0]["error"], observations
+        submission = result_model.SubmissionResult(observations=observations)
+        rows = pipeline.score(info, tmpl, submission, {"test_pick_workers"}, 1, "tiny")
+        assert rows[0].score == 0.0 and rows[0].error, observations
 
 
 def test_outputs_over_the_budget_are_dropped_largest_first_with_a_line() -> None:

@@ -216,7 +216,7 @@ def test_a_fault_while_recording_one_submission_never_stops_the_batch(graded, mo
     real = pipeline.merge
 
     def faulty(course, job, info, result, state, **kw):
-        if job.student == "boom1" and not result.get("error"):
+        if job.student == "boom1" and not result.error:
             raise RuntimeError("the disk is full")  # the result fails, recording the failure works
         if job.student == "boom2":
             raise RuntimeError("the gradebook is locked")  # nothing can be recorded

@@ -43,7 +43,8 @@ from typing import Any
 from perflab.grading import checks, harness, judging, sandbox
 from perflab.grading import feedback as fb
 from perflab.grading import nbgrader_api as nbapi
-from perflab.grading.checks import grade_id
+from perflab.grading.checks import Finding, grade_id
+from perflab.grading.result import CellRow, ResultError, SubmissionResult, WorkerReport
 from perflab.grading.state import CellResult, Record, State, lock, sha256
 from perflab.verify.protocol import CLAIM_CONTRADICTED
 
@@ -435,22 +436,14 @@ def node_timing_lock() -> Path:
     return path
 
 
-def failure_result(info: LabInfo, reason: str) -> dict[str, Any]:
+def failure_result(info: LabInfo, reason: str, **fields: Any) -> SubmissionResult:
     """The result of a submission that produced none: every cell 0, with the reason."""
-    return {"error": reason, "notebook": None, "findings": [], "events": [],
-            "cells": [cell_row(c, 0.0, error=reason) for c in info.cells]}
-
-
-def cell_row(cell: dict[str, Any], score: float | None, *, error: str | None = None,
-             verdict: dict[str, Any] | None = None, manual: bool = False) -> dict[str, Any]:
-    """One graded cell's row of a result, as the gradebook, feedback and export read it."""
-    return {"grade_id": cell["grade_id"], "max_score": float(cell["max_score"]), "score": score,
-            "needs_manual_grade": manual, "error": error, "verdict": verdict}
+    return SubmissionResult.failure(info.cells, reason, **fields)
 
 
 def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: Sequence[Path] = (),
               timing_lock: Path | None = None, cpus: tuple[int, ...] | None = None,
-              gpu: int | None = None) -> dict[str, Any]:
+              gpu: int | None = None) -> SubmissionResult:
     """Grade one submission and return its result (always a result, whatever the submission does).
 
     The submission is read and checked here (as data); its notebook runs in the sandbox, which
@@ -462,10 +455,9 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     except Exception as exc:  # a submission must never stop the batch
         log.exception("%s/%s: could not read the submission", job.lab, job.student)
         return failure_result(info, f"the notebook could not be read ({type(exc).__name__}: {exc})"[:300])
-    found = [f.to_dict() for f in findings]
     if nb is None:
         error = next(f.message for f in findings if f.fatal)
-        return {**failure_result(info, error), "findings": found}
+        return failure_result(info, error, findings=tuple(findings))
     present = {grade_id(c) for c in nb.cells if grade_id(c)}
     seed = secrets.randbelow(2**31)
     restore_locked(nb, release)
@@ -481,14 +473,13 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         run = sandbox.run([sys.executable, "-m", "perflab.grading.worker", str(workdir)], workdir=workdir,
                           limits=limits, hide=hide, env=env)
     result = interpret(run, job, info)
-    result["findings"] = found + result.get("findings", []) + kernel_findings(result.get("observations"))
-    result["seed"] = seed
-    if result.get("error") is None:
+    result = result.replace(findings=(*findings, *result.findings, *kernel_findings(result.observations)), seed=seed)
+    if result.error is None:
         mode = judging.grading_mode(settings.env)
         box = {"limits": settings.limits, "hide": hide, "cpus": cpus, "gpu": gpu}
         runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
         with _timing_lock(timing_lock):
-            result["cells"] = score(info, tmpl, result, present, seed, mode, runners)
+            result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners)))
     return result
 
 
@@ -504,7 +495,7 @@ def _timing_lock(path: Path | None) -> Iterator[None]:
     yield
 
 
-def kernel_findings(observations: Any) -> list[dict[str, Any]]:
+def kernel_findings(observations: Any) -> list[Finding]:
     """Flags from what the probes saw of the kernel, against the kernel as it started: hooks
     installed, perflab or Python settings changed. Evidence for a person, never a score (a kernel
     may hide its hooks)."""
@@ -533,16 +524,16 @@ def kernel_findings(observations: Any) -> list[dict[str, Any]]:
             seen.append(f"a {key} function (sys.set{key})")
     out = []
     if seen:
-        out.append({"cell": "notebook", "message": "the notebook installed kernel hooks: " + "; ".join(seen)
-                    + " (the grader checks your answers in its own process; hooks change nothing but are "
-                    "reviewed by a person)", "flag": True, "fatal": False})
+        out.append(Finding("notebook", "the notebook installed kernel hooks: " + "; ".join(seen)
+                           + " (the grader checks your answers in its own process; hooks change nothing but are "
+                           "reviewed by a person)", flag=True))
     env_now, env_start = kernel.get("env"), start.get("env")
     if isinstance(env_now, dict) and isinstance(env_start, dict):
         changed = sorted(str(k) for k in set(env_now) | set(env_start) if env_now.get(k) != env_start.get(k))
         if changed:
-            out.append({"cell": "notebook", "message": "the notebook changed environment variables that steer "
-                        f"perflab, Python or nbgrader: {', '.join(changed[:8])} (reviewed by a person)",
-                        "flag": True, "fatal": False})
+            out.append(Finding("notebook", "the notebook changed environment variables that steer "
+                               f"perflab, Python or nbgrader: {', '.join(changed[:8])} (reviewed by a person)",
+                               flag=True))
     return out
 
 
@@ -551,34 +542,34 @@ def kernel_findings(observations: Any) -> list[dict[str, Any]]:
 LIBRARY_CALLBACKS = ("matplotlib", "matplotlib_inline", "IPython.", "ipykernel.", "ipywidgets.")
 
 
-def score(info: LabInfo, tmpl: Path, result: dict[str, Any], present: set[str], seed: int, mode: str,
-          runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None)) -> list[dict[str, Any]]:
+def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str], seed: int, mode: str,
+          runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None)) -> list[CellRow]:
     """Every graded cell's row, decided here: autograded cells by the lab's judges from the
     observations, written answers left to a person (0 when left as released)."""
     judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
-    observations = result.get("observations")
+    observations = result.observations
     cells_seen = observations.get("cells") if isinstance(observations, dict) else None
     if not isinstance(cells_seen, dict) or observations.get("schema") != harness.OBSERVATIONS_SCHEMA:
         cells_seen = {}
     ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners)
-    answered = manual_answers(result.get("notebook"), tmpl, info)
+    answered = manual_answers(result.notebook, tmpl, info)
     rows = []
     for cell in info.cells:
         gid = cell["grade_id"]
         if gid not in present:
-            rows.append(cell_row(cell, 0.0, error="the cell was deleted; scored 0"))
+            rows.append(CellRow.for_cell(cell, 0.0, error="the cell was deleted; scored 0"))
         elif cell["manual"]:
             changed = answered.get(gid, True)
-            rows.append(cell_row(cell, None if changed else 0.0, manual=changed,
-                                 error=None if changed else "left as released; scored 0"))
+            rows.append(CellRow.for_cell(cell, None if changed else 0.0, manual=changed,
+                                         error=None if changed else "left as released; scored 0"))
         elif gid not in judges:
             log.warning("%s: no judge for %s; scored 0", info.lab, gid)
-            rows.append(cell_row(cell, 0.0, error="the grader has no check for this cell"))
+            rows.append(CellRow.for_cell(cell, 0.0, error="the grader has no check for this cell"))
         else:
             mark = judging.judge_cell(gid, judges[gid], ctx)
-            rows.append(cell_row(cell, round(mark.fraction * float(cell["max_score"]), 6),
-                                 error=None if mark.fraction >= 1.0 else (mark.message or "a check failed"),
-                                 verdict=mark.verdict))
+            rows.append(CellRow.for_cell(cell, round(mark.fraction * float(cell["max_score"]), 6),
+                                         error=None if mark.fraction >= 1.0 else (mark.message or "a check failed"),
+                                         verdict=mark.verdict))
     return rows
 
 
@@ -649,88 +640,66 @@ def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, h
         return (-9 if run.timed_out else run.returncode), run.output_tail
 
 
-def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> dict[str, Any]:
+def interpret(run: sandbox.SandboxRun, job: Job, info: LabInfo) -> SubmissionResult:
     """Turn what came back from the sandbox into a result, whatever went wrong."""
-    result: dict[str, Any] | None = None
+    report: WorkerReport | None = None
     if run.result:
         try:
-            result = json.loads(run.result.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            result = None
-        if not isinstance(result, dict):
-            result = None
+            report = WorkerReport.parse(run.result)
+        except ResultError as exc:
+            log.warning("%s/%s: the grading process sent a result that does not fit (%s)", job.lab, job.student, exc)
     if run.timed_out:
         why = (f"grading stopped after {run.wall_s:.0f} s, the time limit for one submission "
                "(a cell that never ends, or a run too slow to finish); every cell scored 0")
-    elif result is None:
+    elif report is None:
         sig = run.signal
         why = (f"the grading process died (signal {sig})" if sig else
                f"the grading process ended without a result (exit status {run.returncode})")
         why += "; every cell scored 0"
         log.warning("%s/%s: %s; output tail:\n%s", job.lab, job.student, why, run.output_tail[-2000:])
     else:
-        why = result.get("error") if isinstance(result.get("error"), str) else None
-    if why is not None:
-        if result and result.get("trace"):
-            log.warning("%s/%s: %s\n%s", job.lab, job.student, why, result["trace"])
-        result = failure_result(info, why)
-    else:
-        assert result is not None
-        events, files = result.get("events"), result.get("files")
-        result = {"notebook": result.get("notebook") if isinstance(result.get("notebook"), str) else None,
-                  "observations": result.get("observations"),
-                  "events": [e for e in events if _is_event(e)] if isinstance(events, list) else [],
-                  "files": ({k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)}
-                            if isinstance(files, dict) else {}),
-                  "error": None, "findings": []}
+        why = report.error
     log.debug("%s/%s: sandbox output tail:\n%s", job.lab, job.student, run.output_tail[-6000:])
-    result["wall_s"] = run.wall_s
-    result["isolation"] = run.isolation.kind
-    result["sandbox_notes"] = list(run.notes)
-    result["sha256"] = job.sha256
-    result.setdefault("findings", [])
-    result.setdefault("events", [])
-    return result
-
-
-def _is_event(event: Any) -> bool:
-    return (isinstance(event, dict) and isinstance(event.get("event"), str) and isinstance(event.get("cell"), int)
-            and (event.get("grade_id") is None or isinstance(event.get("grade_id"), str)))
+    box = {"wall_s": run.wall_s, "isolation": run.isolation.kind, "sandbox_notes": tuple(run.notes)}
+    if why is not None:
+        if report is not None and report.trace:
+            log.warning("%s/%s: %s\n%s", job.lab, job.student, why, report.trace)
+        return failure_result(info, why, **box)
+    assert report is not None
+    return SubmissionResult(notebook=report.notebook, observations=report.observations, events=report.events,
+                            files=report.files, **box)
 
 
 # ---------------------------------------------------------------------------------------------
 # merging (the single writer)
 
 
-def notes_for(result: dict[str, Any], info: LabInfo) -> list[str]:
+def notes_for(result: SubmissionResult, info: LabInfo) -> list[str]:
     """The lines a student reads about their submission; hidden tests stay hidden."""
     lines = []
-    if result.get("error"):
-        lines.append(f"Not graded: {result['error']}")
-    for finding in result.get("findings", []):
-        if finding.get("fatal") and finding["message"] == result.get("error"):
+    if result.error:
+        lines.append(f"Not graded: {result.error}")
+    for finding in result.findings:
+        if finding.fatal and finding.message == result.error:
             continue
-        cell = finding["cell"]
-        lines.append(finding["message"] if cell == "notebook" else f"{cell}: {finding['message']}")
-    for row in result.get("cells", []):
-        if row.get("error") and not row.get("needs_manual_grade") and (row.get("score") or 0) < row["max_score"]:
-            lines.append(f"{row['grade_id']}: {_num(row.get('score'))}/{_num(row['max_score'])} points: {row['error']}")
-    timed_out = {e["cell"] for e in result.get("events", []) if "was stopped" in e["event"]}
-    for event in result.get("events", []):
-        gid = event.get("grade_id")
-        text = event["event"]
-        if event["cell"] in timed_out and text.startswith("KeyboardInterrupt"):
+        lines.append(finding.line())
+    for row in result.cells:
+        if row.error and not row.needs_manual_grade and (row.score or 0) < row.max_score:
+            lines.append(f"{row.grade_id}: {_num(row.score)}/{_num(row.max_score)} points: {row.error}")
+    timed_out = {e.cell for e in result.events if "was stopped" in e.event}
+    for event in result.events:
+        text = event.event
+        if event.cell in timed_out and text.startswith("KeyboardInterrupt"):
             continue  # the interrupt that stopped it: said already
-        if gid in info.hidden:
+        if event.grade_id in info.hidden:
             text = text.split(":", 1)[0] + " (a test in this cell failed; it holds hidden tests)"
-        where = f"cell {event['cell']}" + (f" ({gid})" if gid else "")
+        where = f"cell {event.cell}" + (f" ({event.grade_id})" if event.grade_id else "")
         lines.append(f"{where}: {text}")
-    for note in result.get("sandbox_notes", []):
-        lines.append(f"sandbox: {note}")
+    lines += [f"sandbox: {note}" for note in result.sandbox_notes]
     return list(dict.fromkeys(lines))
 
 
-def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: State, *,
+def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state: State, *,
           backend: str, hardware_class: str | None) -> Record:
     """Write one result into the gradebook, autograded/ and the state file (idempotent)."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -738,34 +707,33 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     course = Path(course).resolve()
     previous = state.get(job.lab, job.student)
     cells = []
-    for row in result["cells"]:
-        verdict = row.get("verdict") or {}
+    for row in result.cells:
+        verdict = row.verdict or {}
         cells.append(CellResult(
-            grade_id=row["grade_id"], score=row["score"], max_score=float(row["max_score"]),
-            needs_manual_grade=bool(row.get("needs_manual_grade")), error=row.get("error"),
+            grade_id=row.grade_id, score=row.score, max_score=row.max_score,
+            needs_manual_grade=row.needs_manual_grade, error=row.error,
             verdict=verdict.get("verdict"), speedup=_float(verdict.get("speedup")),
             claimed=_float(verdict.get("claimed")),
-            hardware_class=verdict.get("hardware_class") or result.get("hardware_class") or hardware_class))
-    findings = result.get("findings", [])
-    flags = [f"{f['cell']}: {f['message']}" for f in findings if f.get("flag")]
+            hardware_class=verdict.get("hardware_class") or result.hardware_class or hardware_class))
+    flags = [f"{f.cell}: {f.message}" for f in result.findings if f.flag]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]
     flags += [f"{c.grade_id}: the claimed {c.claimed:.2f}x is more than {CLAIM_CONTRADICTED:g} times the re-measured "
               f"{c.speedup:.2f}x" for c in cells
               if c.claimed is not None and c.speedup and c.claimed > CLAIM_CONTRADICTED * c.speedup]
     notes = notes_for(result, info)
-    text = feedback_notebook(result, info, notes, job) if result.get("notebook") else None
-    if result.get("notebook") and text is None:
+    text = feedback_notebook(result.notebook, info, notes, job) if result.notebook else None
+    if result.notebook and text is None:
         notes.append("your graded notebook is not shown in this feedback: its outputs hold text that looks like "
                      "the grader's hidden material (your scores are not affected)")
         flags.append("notebook: its outputs quote hidden-test text or markers; not shown in feedback")
     record = Record(
         student=job.student, lab=job.lab, sha256=job.sha256,
-        outcome="failed" if result.get("error") else "graded", cells=tuple(cells), notes=tuple(notes),
-        flagged=bool(flags), flags=tuple(flags), error=result.get("error"), backend=backend,
-        wall_s=float(result.get("wall_s", 0.0)),
+        outcome="failed" if result.error else "graded", cells=tuple(cells), notes=tuple(notes),
+        flagged=bool(flags), flags=tuple(flags), error=result.error, backend=backend,
+        wall_s=float(result.wall_s),
         graded_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         merges=(previous.merges + 1) if previous and previous.sha256 == job.sha256 else 1,
-        isolation=result.get("isolation", ""))
+        isolation=result.isolation)
 
     with nbapi._tools_on_path(), warnings.catch_warnings(), \
             Gradebook(f"sqlite:///{course / 'gradebook.db'}", nbapi.COURSE_ID) as gb:
@@ -789,10 +757,10 @@ def merge(course: Path, job: Job, info: LabInfo, result: dict[str, Any], state: 
     if text is not None:
         folder.mkdir(parents=True)
         (folder / info.notebook).write_text(text, encoding="utf-8")
-    for name, data in (result.get("files") or {}).items():  # results/*.json, for the student's report
-        if isinstance(data, str) and RESULTS_FILE_NAME.fullmatch(name):
+    for name, data in result.files.items():  # results/*.json, for the student's report
+        if RESULTS_FILE_NAME.fullmatch(name):
             (folder / "results").mkdir(parents=True, exist_ok=True)
-            verdicts = [row["verdict"] for row in result.get("cells", []) if isinstance(row.get("verdict"), dict)]
+            verdicts = [dict(row.verdict) for row in result.cells if row.verdict is not None]
             (folder / "results" / name).write_text(with_grader_verdicts(data, verdicts), encoding="utf-8")
     state.put(record)
     return record
@@ -829,13 +797,13 @@ def with_grader_verdicts(text: str, verdicts: list[dict[str, Any]]) -> str:
     return json.dumps(doc, indent=1)
 
 
-def feedback_notebook(result: dict[str, Any], info: LabInfo, notes: list[str], job: Job) -> str | None:
+def feedback_notebook(notebook: str, info: LabInfo, notes: list[str], job: Job) -> str | None:
     """The graded copy a student's feedback is made from (scrubbed, with the notes on top), or None
     when it cannot be shown; a notebook the grader cannot show never stops the batch."""
     import nbformat
 
     try:
-        nb = nbformat.reads(result["notebook"], as_version=4)
+        nb = nbformat.reads(notebook, as_version=4)
         fb.scrub(nb, info.hidden)
         fb.add_notes(nb, notes, f"{job.lab}, {job.student}")
         text = nbformat.writes(nb)
@@ -889,7 +857,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
         graded, failed = [], []
 
-        def on_result(job: Job, result: dict[str, Any]) -> None:
+        def on_result(job: Job, result: SubmissionResult) -> None:
             if state.done(job.lab, job.student, job.sha256) and not force:
                 log.info("%s/%s: a second result for the same content; ignored", job.lab, job.student)
                 return
@@ -898,9 +866,9 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 record = merge(course, job, info, result, state, backend=backend, hardware_class=hardware)
             except Exception as exc:
                 log.exception("%s/%s: could not record the result", job.lab, job.student)
-                failure = {**failure_result(info, f"the grader could not record this result ({type(exc).__name__}); "
-                                                  "an instructor has been told"), "wall_s": result.get("wall_s", 0.0),
-                           "isolation": result.get("isolation", "")}
+                failure = failure_result(info, f"the grader could not record this result ({type(exc).__name__}); "
+                                               "an instructor has been told", wall_s=result.wall_s,
+                                         isolation=result.isolation)
                 try:
                     record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware)
                 except Exception:  # not even the failure could be recorded: the next run tries again
@@ -943,7 +911,7 @@ def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_r
     timing_lock = node_timing_lock() if jobs > 1 else None
     log.info("local pool: %d job(s)%s", jobs, ", timed sections serialised" if timing_lock else "")
 
-    def task(job: Job) -> dict[str, Any]:
+    def task(job: Job) -> SubmissionResult:
         cpus, gpu = slots.get()
         try:
             return grade_one(job, infos[job.lab], templates[job.lab], settings, hide=hide,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
-import json
 import logging
 import os
 import shutil
@@ -75,8 +74,7 @@ def grade_task(job: dict[str, Any], submission: bytes, template_zip: bytes, info
         lock = pipeline.node_timing_lock()
         result = pipeline.grade_one(one, lab_info, tmpl, settings, hide=[Path(p) for p in hide],
                                     timing_lock=lock)
-    result["hardware_class"] = _HARDWARE_CLASS
-    return json.dumps(result)
+    return result.replace(hardware_class=_HARDWARE_CLASS).to_json()
 
 
 def run(todo, infos, templates, settings, hide, on_result, *, address: str | None = None) -> None:
@@ -85,6 +83,7 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
     from ray.exceptions import RayError
 
     from perflab.grading.pipeline import failure_result
+    from perflab.grading.result import ResultError, SubmissionResult
 
     if not todo:
         return
@@ -113,7 +112,10 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
             for ref in ready:
                 job = pending.pop(ref)
                 try:
-                    result = json.loads(ray.get(ref))
+                    result = SubmissionResult.from_json(ray.get(ref))
+                except ResultError as exc:  # a worker node is another process: its result is checked
+                    log.warning("%s/%s: the Ray task's result does not fit (%s)", job.lab, job.student, exc)
+                    result = failure_result(infos[job.lab], f"the Ray task sent a result that does not fit ({exc})")
                 except RayError as exc:
                     cause = getattr(exc, "cause", None) or exc
                     lines = [ln for ln in str(cause).strip().splitlines() if ln.strip()]

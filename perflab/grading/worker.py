@@ -9,8 +9,8 @@ already restored by the parent, beside the files the lab releases. No gradebook,
 reference answer is here. The child executes the notebook with `SandboxExecute` (a dead kernel fails
 the cell it died in; processes left behind are killed), then one last cell in the same kernel
 (`harness.cell_source`) runs the lab's probes and writes their observations. The result (the
-executed notebook, the observations, what happened, the results file) is one JSON document
-(`RESULT_SCHEMA`) written to the fd in $PERFLAB_RESULT_FD. The parent treats all of it as
+executed notebook, the observations, what happened, the results file) is one `WorkerReport`
+(`perflab.grading.result`) written as JSON to the fd in $PERFLAB_RESULT_FD. The parent treats all of it as
 untrusted data and decides every score itself (`perflab.grading.judging`).
 """
 
@@ -31,8 +31,8 @@ from nbclient.exceptions import DeadKernelError
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
 from perflab.grading.checks import grade_id
+from perflab.grading.result import Event, WorkerReport
 
-RESULT_SCHEMA = "perflab.grading.result"
 # Characters of one output kept in the graded copy: enough for any honest print, and a
 # megabytes-long print stays a readable note instead of a notebook too big to render.
 OUTPUT_CAP_CHARS = 20_000
@@ -289,7 +289,7 @@ def first_error(cell: Any) -> tuple[str, str] | None:
     return None
 
 
-def run(job_dir: Path) -> dict[str, Any]:
+def run(job_dir: Path) -> WorkerReport:
     """Execute the prepared notebook, then the lab's probes in the same kernel; return what happened."""
     import nbformat
     from nbformat.v4 import new_code_cell
@@ -299,8 +299,6 @@ def run(job_dir: Path) -> dict[str, Any]:
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
     lab, name = job["lab"], job["notebook"]
     folder = job_dir / "notebook"
-    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "version": 2, "lab": lab, "events": [],
-                              "notebook": None, "observations": None, "files": {}, "error": None}
     nb = nbformat.read(folder / name, as_version=4)
     probe_dir = job_dir / "observations"
     probe_dir.mkdir()
@@ -328,22 +326,23 @@ def run(job_dir: Path) -> dict[str, Any]:
         _kill_stragglers()
         text = str(exc).strip().splitlines()
         reason = next((line for line in reversed(text) if "rror" in line), text[-1] if text else type(exc).__name__)
-        result["error"] = f"the notebook could not be run ({reason.strip()[:300]})"
-        result["events"] = list(_EVENTS)
-        return result
+        return WorkerReport(error=f"the notebook could not be run ({reason.strip()[:300]})",
+                            events=_typed(_EVENTS))
     for index, gid in reversed(probes):
         probe_cell = nb.cells.pop(index)
         error = first_error(probe_cell)
         if error and error[0] not in ("NotRun", "stderr"):
             _EVENTS.append({"cell": index, "grade_id": gid, "event": f"the grader could not read your answers "
                             f"after this cell ({error[0]}: {error[1]})"[:300]})
-    result["observations"] = read_observations(probe_dir, len(probes) - 1)
+    observations = read_observations(probe_dir, len(probes) - 1)
     CapOutput().preprocess(nb, {})
     cap_total_outputs(nb, NOTEBOOK_CAP_BYTES)
-    result["events"] = list(_EVENTS) + _error_events(nb)
-    result["notebook"] = nbformat.writes(nb)
-    result["files"] = results_files(folder, lab)
-    return result
+    return WorkerReport(notebook=nbformat.writes(nb), observations=observations,
+                        events=_typed(_EVENTS + _error_events(nb)), files=results_files(folder, lab))
+
+
+def _typed(events: list[dict[str, Any]]) -> tuple[Event, ...]:
+    return tuple(e for e in (Event.read(item) for item in events) if e is not None)
 
 
 # The probes' observations are small data (outputs on small inputs, a report page): one cell's file
@@ -411,11 +410,11 @@ def main(argv: list[str]) -> int:
     fd = int(os.environ.get("PERFLAB_RESULT_FD", "1"))
     job_dir = Path(argv[0]).resolve()
     try:
-        result = run(job_dir)
+        report = run(job_dir)
     except BaseException as exc:  # the parent still gets a reason, whatever happened here
-        result = {"schema": RESULT_SCHEMA, "version": 1, "error": f"the grading process failed: "
-                  f"{type(exc).__name__}: {exc}"[:500], "trace": traceback.format_exc()[-4000:]}
-    data = json.dumps(result).encode("utf-8")
+        report = WorkerReport(error=f"the grading process failed: {type(exc).__name__}: {exc}"[:500],
+                              trace=traceback.format_exc()[-4000:])
+    data = report.to_json()
     with os.fdopen(fd, "wb", closefd=fd > 2) as out:
         out.write(data)
     return 0
