@@ -278,6 +278,13 @@ def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimi
 # The loop
 
 
+def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The loop's autocast context on `device`: `config.amp_dtype`, or no autocast when it is None."""
+    if config.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[config.amp_dtype])
+
+
 @dataclass
 class Workload:
     """Everything one training run holds: the model (possibly compiled), optimizer, loader and device."""
@@ -297,9 +304,7 @@ class Workload:
     scaler: torch.amp.GradScaler | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.config.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=AMP_DTYPES[self.config.amp_dtype])
+        return autocast(self.config, self.device)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next micro-batch, starting a new epoch (with fresh augmentation seeds) when one ends."""

@@ -3,8 +3,8 @@
 Every `TrainConfig` field is a flag, generated from the dataclass so the two cannot drift
 (`batch_size` is `--batch-size N`, booleans are `--flag/--no-flag`, optional fields accept
 `none`). `--size` picks the data set and the mode's image size, batch and step count; any knob
-given overrides it. The measurements are `perflab.profiler.profile_training`; this module parses,
-prints and saves.
+given overrides it. The measurements are `perflab.training_profile.profile_training`; this
+module parses, prints and saves.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perflab.cli import UserError
+
+if TYPE_CHECKING:
+    from perflab.training_profile import ProfilePlan, TrainingProfile
 
 # --size -> the run mode whose sizes it takes (docs/DESIGN.md, "How the labs run").
 SIZES = {"tiny": "tiny", "small": "laptop", "full": "full"}
@@ -147,11 +150,11 @@ def _check_data(config: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perflab import profiler, tracing
+    from perflab import tracing, training_profile
 
     config, mode = config_from_args(args)
     steps = args.steps if args.steps is not None else DEFAULT_STEPS[mode]
-    plan = profiler.ProfilePlan.for_steps(steps)
+    plan = training_profile.ProfilePlan.for_steps(steps)
     if args.memory_snapshot is not None and config.device_type != "cuda":
         raise UserError("--memory-snapshot: the allocator history exists on CUDA only")
     _check_data(config)
@@ -167,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
         bar.set_description(f"profile: {name}")
 
     try:
-        result = profiler.profile_training(config, plan, trace_path=args.trace,
-                                           memory_snapshot_path=args.memory_snapshot,
-                                           peak=not args.no_peak, stage=stage)
+        result = training_profile.profile_training(config, plan, trace_path=args.trace,
+                                                   memory_snapshot_path=args.memory_snapshot,
+                                                   peak=not args.no_peak, stage=stage)
         bar.update(1)
     finally:
         bar.close()
@@ -186,7 +189,7 @@ def _section(title: str) -> str:
     return f"\n== {title} " + "=" * max(3, 70 - len(title))
 
 
-def render(result: Any, plan: Any) -> str:
+def render(result: TrainingProfile, plan: ProfilePlan) -> str:
     """The profile as text, in sections, for a terminal."""
     from perflab import counting, memory, roofline
     from perflab.stats import format_time
