@@ -9,19 +9,20 @@ import pytest
 import torch
 
 from perflab import timing
+from perflab.labs.common import FakeClock
 from perflab.timing import Comparison, Measurement
 
 
-class FakeClock:
-    """A clock that moves only when a fake function says it ran; logs every event in order."""
+class LoggedClock(FakeClock):
+    """The labs' fake clock, moved only by the fake functions it makes; logs every event in order."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        super().__init__(start=0.0)
         self.log: list[str] = []
 
     def __call__(self) -> float:
         self.log.append("clock")
-        return self.now
+        return super().__call__()
 
     def sync(self) -> None:
         self.log.append("sync")
@@ -31,13 +32,13 @@ class FakeClock:
 
         def run() -> None:
             self.log.append(name)
-            self.now += next(it)
+            self.advance(next(it))
 
         return run
 
 
-def fake_benchmark(durations, **kwargs) -> tuple[Measurement, FakeClock]:
-    clock = FakeClock()
+def fake_benchmark(durations, **kwargs) -> tuple[Measurement, LoggedClock]:
+    clock = LoggedClock()
     m = timing.benchmark(clock.fn(durations), clock=clock, sync=clock.sync, device="cpu", **kwargs)
     return m, clock
 
@@ -169,8 +170,8 @@ def test_real_cpu_call_is_timed():
 # -- compare -----------------------------------------------------------------------------------
 
 
-def fake_compare(a_durations, b_durations, **kwargs) -> tuple[Comparison, FakeClock]:
-    clock = FakeClock()
+def fake_compare(a_durations, b_durations, **kwargs) -> tuple[Comparison, LoggedClock]:
+    clock = LoggedClock()
     c = timing.compare(
         clock.fn(a_durations, "A"), clock.fn(b_durations, "B"),
         clock=clock, sync=clock.sync, device="cpu", **kwargs,

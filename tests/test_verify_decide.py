@@ -11,7 +11,7 @@ from perflab.verify import Budget, Verdict, decide, expectations, judge, load_ex
 from perflab.verify.protocol import CLAIM_TOLERANCE
 
 
-class FakeClock:
+class NoisyBlocks:
     """Block times a shared machine would give: a base cost plus interference that only ever adds time."""
 
     def __init__(self, seed: int, base_a: float, base_b: float, noise: float = 0.02, spike_p: float = 0.2,
@@ -43,7 +43,7 @@ def test_speedup_is_the_ratio_of_20th_percentiles():
 
 
 def test_bootstrap_ci_is_deterministic_and_brackets_the_estimate():
-    a, b = FakeClock(1, 1.0, 0.8).pairs(20)
+    a, b = NoisyBlocks(1, 1.0, 0.8).pairs(20)
     ci1 = decide.bootstrap_ratio_ci(a, b, seed=3)
     assert ci1 == decide.bootstrap_ratio_ci(a, b, seed=3)
     assert ci1[0] <= decide.speedup(a, b) <= ci1[1]
@@ -57,7 +57,7 @@ def test_ci_covers_the_true_ratio_at_about_the_nominal_rate():
     covered = 0
     trials = 120
     for seed in range(trials):
-        a, b = FakeClock(seed, 1.0, 1.0 / true, spike_p=0.3).pairs(16)
+        a, b = NoisyBlocks(seed, 1.0, 1.0 / true, spike_p=0.3).pairs(16)
         lo, hi = decide.bootstrap_ratio_ci(a, b, seed=seed)
         covered += lo <= true <= hi
     assert covered / trials >= 0.85, covered
@@ -65,7 +65,7 @@ def test_ci_covers_the_true_ratio_at_about_the_nominal_rate():
 
 @pytest.mark.parametrize(("true", "bar", "expected"), [(2.0, 1.5, "pass"), (1.0, 1.5, "fail"), (1.25, 1.25, "undecided")])
 def test_decide(true, bar, expected):
-    a, b = FakeClock(7, 1.0, 1.0 / true, noise=0.01, spike_p=0.1).pairs(24)
+    a, b = NoisyBlocks(7, 1.0, 1.0 / true, noise=0.01, spike_p=0.1).pairs(24)
     d = decide.decide(a, b, bar)
     assert d.outcome == expected
     assert d.pairs == 24
@@ -74,21 +74,21 @@ def test_decide(true, bar, expected):
 
 def test_sequential_stops_at_the_first_decisive_look():
     budget = Budget(min_pairs=8, max_pairs=64, look_every=2)
-    a, b = FakeClock(3, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(64)
+    a, b = NoisyBlocks(3, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(64)
     d = decide.sequential(a, b, 1.2, budget)
     assert d.outcome == "pass" and d.pairs == 8  # a clear 2x is decided at the first look
 
 
 def test_sequential_runs_out_of_pairs_undecided():
     budget = Budget(min_pairs=8, max_pairs=20, look_every=4, max_timed_seconds=1000.0)
-    a, b = FakeClock(5, 1.0, 1.0, noise=0.05, spike_p=0.3).pairs(40)
+    a, b = NoisyBlocks(5, 1.0, 1.0, noise=0.05, spike_p=0.3).pairs(40)
     d = decide.sequential(a, b, 1.0, budget)  # a true 1.0x at a 1.0 bar can never be decided
     assert d.outcome == "undecided" and d.pairs == 20
 
 
 def test_sequential_runs_out_of_time():
     budget = Budget(min_pairs=4, max_pairs=64, look_every=100, max_timed_seconds=10.0)
-    a, b = FakeClock(5, 1.0, 1.0).pairs(64)
+    a, b = NoisyBlocks(5, 1.0, 1.0).pairs(64)
     d = decide.sequential(a, b, 1.0, budget)
     assert d.pairs < 10  # each pair costs ~2 s of the 10 s budget
 
@@ -115,7 +115,7 @@ def _judge(result, expectation=1.1, claim=None, elapsed=None):
 
 
 def test_judge_outcomes_and_claim_check():
-    a, b = FakeClock(1, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(12)
+    a, b = NoisyBlocks(1, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(12)
     v = _judge(_result(a, b), claim=1.9)
     assert (v.outcome, v.code, v.claim_far_off) == ("pass", "clears_bar", False)
     assert v.speedup == pytest.approx(decide.speedup(a, b))
@@ -129,19 +129,19 @@ def test_judge_outcomes_and_claim_check():
     assert low.passed and low.claim_far_off
 
     assert "faster" in v.reason  # a 2x change: the whole CI is above 1
-    a, b = FakeClock(2, 1.0, 1.0, noise=0.01, spike_p=0.1).pairs(12)
+    a, b = NoisyBlocks(2, 1.0, 1.0, noise=0.01, spike_p=0.1).pairs(12)
     assert _judge(_result(a, b, expectation=1.5), expectation=1.5).outcome == "fail"
     same = _judge(_result(a, b, expectation=0.9), expectation=0.9)  # A/A against a parity bar
     assert same.passed and "no difference detected" in same.reason and "faster" not in same.reason, same.reason
-    slower = _judge(_result(*FakeClock(2, 1.0, 2.0, noise=0.01, spike_p=0.1).pairs(12), expectation=0.3),
+    slower = _judge(_result(*NoisyBlocks(2, 1.0, 2.0, noise=0.01, spike_p=0.1).pairs(12), expectation=0.3),
                     expectation=0.3)
     assert slower.passed and ": slower)" in slower.reason, slower.reason
-    a, b = FakeClock(2, 1.0, 1.0 / 1.1, noise=0.05, spike_p=0.3).pairs(12)
+    a, b = NoisyBlocks(2, 1.0, 1.0 / 1.1, noise=0.05, spike_p=0.3).pairs(12)
     assert _judge(_result(a, b)).outcome == "inconclusive"
 
 
 def test_judge_catches_problems_tampering_and_errors():
-    a, b = FakeClock(1, 1.0, 0.5).pairs(12)
+    a, b = NoisyBlocks(1, 1.0, 0.5).pairs(12)
     v = _judge(_result(a, b, problems=[{"code": "cached_outputs", "detail": "same loss"},
                                        {"code": "deferred_work", "detail": "thread"}]))
     assert (v.outcome, v.code) == ("fail", "cached_outputs") and "deferred_work" in v.reason
@@ -156,7 +156,7 @@ def test_judge_catches_problems_tampering_and_errors():
 
 
 def test_verdict_json_round_trip():
-    a, b = FakeClock(1, 1.0, 0.8).pairs(10)
+    a, b = NoisyBlocks(1, 1.0, 0.8).pairs(10)
     v = _judge(_result(a, b, gate={"steps": 4}), claim=1.2)
     back = Verdict.from_json(v.to_json())
     assert back == v
@@ -234,7 +234,7 @@ def test_committed_expectations_load():
 
 def test_too_few_pairs_is_inconclusive_not_a_fail():
     # An identical candidate whose few blocks happen to read slow must not fail on them.
-    a, b = FakeClock(3, 1.0, 1.4, noise=0.01, spike_p=0.0).pairs(3)
+    a, b = NoisyBlocks(3, 1.0, 1.4, noise=0.01, spike_p=0.0).pairs(3)
     v = _judge(_result(a, b))
     assert (v.outcome, v.code) == ("inconclusive", "too_few_pairs")
     assert "3 timed pairs" in v.reason

@@ -11,6 +11,7 @@ machine can give, saving results beside the notebook, and a progress bar that st
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -18,11 +19,14 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from perflab import env
+
+if TYPE_CHECKING:
+    from perflab.workload import TrainConfig
 
 T = TypeVar("T")
 
@@ -198,6 +202,27 @@ def in_grading_kernel() -> bool:
     """Whether this process is a notebook kernel the autograder runs and whose speedups the grader
     re-measures itself (its verdicts count for nothing, so they are not measured twice)."""
     return os.environ.get("NBGRADER_EXECUTION") == "autograde" and os.environ.get(REMEASURED_ENV) == "1"
+
+
+def changed_fields_problems(name: str, config: Any, base: TrainConfig, allowed: Sequence[str], *,
+                            allowed_kind: str = "", base_name: str = "baseline_config()",
+                            purpose: str) -> list[str]:
+    """Is `config` (the notebook's `name`) a TrainConfig that differs from `base` in `allowed` fields only?
+
+    The problem reads "<name> changes <fields>: only <allowed_kind> <allowed> may differ from <base_name>
+    (anything else changes the work, <purpose>)".
+    """
+    from perflab.workload import TrainConfig
+
+    if not isinstance(config, TrainConfig):
+        return [f"{name}: expected a perflab.workload.TrainConfig, got {type(config).__name__}"]
+    others = [f.name for f in dataclasses.fields(TrainConfig)
+              if f.name not in allowed and getattr(config, f.name) != getattr(base, f.name)]
+    if others:
+        kind = f"{allowed_kind} " if allowed_kind else ""
+        return [f"{name} changes {', '.join(others)}: only {kind}{', '.join(allowed)} may differ from {base_name} "
+                f"(anything else changes the work, {purpose})"]
+    return []
 
 
 class FakeClock:

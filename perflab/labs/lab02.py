@@ -52,6 +52,7 @@ from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_POLICIES,
     FakeClock,
     accepted,
+    changed_fields_problems,
     inconclusive_policy,
     report,
     verify_against_bar,
@@ -408,15 +409,8 @@ def check_best(best: Any, mode: str | None = None) -> None:
 
 def best_problems(best: Any, mode: str | None = None) -> list[str]:
     """Is `best` a TrainConfig that changes only loader knobs of this mode's baseline?"""
-    if not isinstance(best, TrainConfig):
-        return [f"BEST: expected a perflab.workload.TrainConfig, got {type(best).__name__}"]
-    base = baseline_config(mode)
-    changed = [f for f in TrainConfig.__dataclass_fields__ if getattr(best, f) != getattr(base, f)]
-    others = [f for f in changed if f not in LOADER_FIELDS]
-    if others:
-        return [f"BEST changes {', '.join(others)}: only the loader knobs {', '.join(LOADER_FIELDS)} may differ "
-                "from baseline_config() (anything else changes the work, not how it is fed)"]
-    return []
+    return changed_fields_problems("BEST", best, baseline_config(mode), LOADER_FIELDS, allowed_kind="the loader knobs",
+                                   purpose="not how it is fed")
 
 
 def sample_problems(best: TrainConfig, mode: str | None = None, batches: int | None = None) -> list[str]:

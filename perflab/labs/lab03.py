@@ -62,10 +62,12 @@ from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
     accepted,
+    changed_fields_problems,
     inconclusive_policy,
     report,
     verify_against_bar,
 )
+from perflab.verify.tolerance import LOSS_TOLERANCE, LOSS_TRAJECTORY_RTOL
 from perflab.workload import TrainConfig
 
 LAB = "lab03_amp"
@@ -103,8 +105,8 @@ TRAJECTORY_RTOL = {torch.float32: 1e-2, torch.bfloat16: 0.06, torch.float16: 0.0
 # The same gate for a whole TrainConfig (ResNet-18 on the lab's data), with perflab.verify's bounds: its
 # first-step loss differs from FP32's by rounding (measured 0.8% for bf16 at batch 8), and BatchNorm
 # over a small batch then amplifies the difference (up to 18% within four steps).
-RESNET_FIRST_STEP_RTOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2, torch.float16: 2e-2}
-RESNET_TRAJECTORY_RTOL = 0.3
+RESNET_FIRST_STEP_RTOL = {dtype: LOSS_TOLERANCE[name][0] for name, dtype in DTYPES.items()}
+RESNET_TRAJECTORY_RTOL = LOSS_TRAJECTORY_RTOL
 CONFIG_GATE_STEPS = 2
 # Absolute slack on top of the relative bounds: a loss near zero has no relative scale.
 LOSS_ATOL = 1e-3
@@ -848,15 +850,8 @@ def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch
 
 def config_problems(config: Any, mode: str | None = None) -> list[str]:
     """Is `config` a TrainConfig that changes only AMP knobs of this mode's baseline, runnable here?"""
-    if not isinstance(config, TrainConfig):
-        return [f"AMP_CONFIG: expected a perflab.workload.TrainConfig, got {type(config).__name__}"]
-    base = baseline_config(mode)
-    changed = [f for f in TrainConfig.__dataclass_fields__ if getattr(config, f) != getattr(base, f)]
-    others = [f for f in changed if f not in AMP_FIELDS]
-    if others:
-        return [f"AMP_CONFIG changes {', '.join(others)}: only {', '.join(AMP_FIELDS)} may differ from "
-                "baseline_config() (anything else changes the work, not its precision)"]
-    return []
+    return changed_fields_problems("AMP_CONFIG", config, baseline_config(mode), AMP_FIELDS,
+                                   purpose="not its precision")
 
 
 def config_parity_problems(config: TrainConfig, mode: str | None = None, steps: int = CONFIG_GATE_STEPS) -> list[str]:

@@ -47,7 +47,6 @@ they compare against live in the grader-only `perflab/labs/hidden/lab06.py`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -65,10 +64,12 @@ from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
     accepted,
+    changed_fields_problems,
     inconclusive_policy,
     report,
     verify_against_bar,
 )
+from perflab.verify.decide import QUANTILE
 from perflab.workload import AMP_DTYPES, RESNET_STAGES, TrainConfig
 
 LAB = "lab06_together"
@@ -81,9 +82,9 @@ EXPECTATION = "lab06_final"
 # (a property of the machine, not of the training code).
 SPEED_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "amp_dtype",
                 "channels_last", "checkpoint_segments", "compile_mode")
-# The quantile of block times a speedup is taken from: perflab.verify's estimator. Interference on a
-# shared machine only adds time, so a low quantile of many blocks is the least disturbed estimate.
-QUANTILE = 0.2
+# QUANTILE, the quantile of block times a speedup is taken from, is perflab.verify's estimator's:
+# interference on a shared machine only adds time, so a low quantile of many blocks is the least
+# disturbed estimate.
 # The bootstrap seed of every CI in this lab: the same raw times always give the same interval.
 CI_SEED = 0
 # A screened change is kept when the lower bound of its step speedup's 95% CI lies above this: it
@@ -632,16 +633,11 @@ def rows_problems(got: Any, measurements: Mapping[str, Sequence[float]], want: S
 
 def final_problems(final: Any, chain: Any = None, mode: str | None = None) -> list[str]:
     """Is FINAL a TrainConfig changing only SPEED_FIELDS of the baseline, and CHAIN a chain ending in it?"""
-    if not isinstance(final, TrainConfig):
-        return [f"FINAL: expected a perflab.workload.TrainConfig, got {type(final).__name__}"]
     base = baseline_config(mode)
-    changed = [f.name for f in dataclasses.fields(TrainConfig) if getattr(final, f.name) != getattr(base, f.name)]
-    others = [f for f in changed if f not in SPEED_FIELDS]
-    if others:
-        return [f"FINAL changes {', '.join(others)}: only {', '.join(SPEED_FIELDS)} may differ from the "
-                "baseline (anything else changes the work, not how fast it is done)"]
-    if chain is None:
-        return []
+    problems = changed_fields_problems("FINAL", final, base, SPEED_FIELDS, base_name="the baseline",
+                                       purpose="not how fast it is done")
+    if problems or chain is None:
+        return problems
     if not isinstance(chain, (list, tuple)) or not chain:
         return ["CHAIN: expected a list of (name, TrainConfig) pairs starting with ('baseline', BASELINE)"]
     try:

@@ -22,11 +22,6 @@ from perflab import stats
 
 # The block-time percentile the estimator compares (see the module docstring for the measurement).
 QUANTILE = 0.2
-# Two-sided confidence of the interval the decision reads.
-CONFIDENCE = 0.95
-# Bootstrap resamples: enough that the 2.5% / 97.5% quantiles of the ratio move by well under 1%
-# between seeds, few enough that a look costs a few milliseconds.
-BOOTSTRAP_RESAMPLES = 2000
 # Fewer pairs than this and the 20th percentile of a resample is the minimum of a handful of
 # blocks: the interval is too optimistic to decide on.
 MIN_PAIRS = 8
@@ -53,11 +48,12 @@ def speedup(baseline: Sequence[float], candidate: Sequence[float], q: float = QU
 
 
 def bootstrap_ratio_ci(baseline: Sequence[float], candidate: Sequence[float], *, q: float = QUANTILE,
-                       confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
-                       seed: int = 0) -> tuple[float, float]:
+                       confidence: float = stats.DEFAULT_LEVEL, resamples: int = stats.DEFAULT_RESAMPLES,
+                       seed: int = stats.DEFAULT_SEED) -> tuple[float, float]:
     """Percentile-bootstrap CI of `speedup`, resampling *pairs* of blocks (a pair shares its moment's noise).
 
-    `baseline[i]` and `candidate[i]` are the two blocks of pair i. Deterministic for a given seed.
+    `baseline[i]` and `candidate[i]` are the two blocks of pair i. Deterministic for a given seed. The
+    level and resample count default to those of every CI in the kit (`perflab.stats`).
     """
     if len(baseline) != len(candidate) or len(baseline) < 2:
         raise ValueError(f"bootstrap_ratio_ci: need two equal-length lists of at least 2 block times, "
@@ -110,7 +106,7 @@ class Decision:
 
 
 def decide(baseline: Sequence[float], candidate: Sequence[float], expectation: float, *,
-           seed: int = 0, q: float = QUANTILE, confidence: float = CONFIDENCE) -> Decision:
+           seed: int = stats.DEFAULT_SEED, q: float = QUANTILE, confidence: float = stats.DEFAULT_LEVEL) -> Decision:
     """Pass if the CI's lower bound clears `expectation`, fail if its upper bound is below it, else undecided."""
     low, high = bootstrap_ratio_ci(baseline, candidate, q=q, confidence=confidence, seed=seed)
     if low >= expectation:
@@ -133,7 +129,7 @@ def out_of_budget(pairs: int, timed_seconds: float, budget: Budget) -> bool:
 
 
 def sequential(baseline: Sequence[float], candidate: Sequence[float], expectation: float,
-               budget: Budget, *, seed: int = 0) -> Decision | None:
+               budget: Budget, *, seed: int = stats.DEFAULT_SEED) -> Decision | None:
     """Replay the sequential rule over recorded pairs: the first decisive look, or the last look, or None.
 
     The child runs the same rule live (`run_pairs`); the parent replays it on the raw samples to
