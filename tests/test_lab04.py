@@ -421,3 +421,63 @@ def test_the_reference_checkpoint_passes_whatever_threads_the_sandbox_has(seed: 
     monkeypatch.setattr(hidden04, "_run_here", on_other_threads)
     hidden04._OBSERVED.clear()
     assert_full("checkpoint_hidden", good_checkpoint, seed=seed)
+
+
+CHECKPOINT_CELL = """
+import inspect
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Stage(nn.Module):
+    def __init__(self, stage):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x):
+        return checkpoint(self.stage, x, use_reentrant=False)
+
+
+def wrap_every_stage(model, stages):
+    for name in stages:
+        setattr(model, name, Stage(getattr(model, name)))
+    return model
+
+
+def checkpoint_stages(model, stages):
+    return wrap_every_stage(model, stages)
+
+
+def workload_only_no_op(model, stages):
+    # the judge's networks are checkpointed, the timed workload (built by lab04.checkpointed_step) is left alone
+    if any(frame.function == "checkpointed_step" for frame in inspect.stack()):
+        return model
+    return wrap_every_stage(model, stages)
+"""
+
+
+@pytest.mark.slow
+def test_the_grader_remeasures_what_checkpointing_buys_on_the_workload(tiny_data) -> None:
+    """The cost cell re-measures, in the verification's fresh process, the activation memory one training
+    step of the workload keeps for backward: a real checkpoint of every stage cuts it by at least 40%; one
+    that checkpoints only the judge's own networks passes their check, and no longer the cost cell."""
+    name = "<ipython-input-9>"
+    linecache.cache[name] = (len(CHECKPOINT_CELL), None, CHECKPOINT_CELL.splitlines(True), name)
+    namespace = {"__name__": "__main__"}
+    exec(compile(CHECKPOINT_CELL, name, "exec"), namespace)
+
+    def mark(function_name: str, grade_id: str = "checkpoint_cost_verified"):
+        return hidden04.judge_function(grade_id, namespace[function_name], seed=5, namespace=namespace)
+
+    good = mark("checkpoint_stages")
+    assert good.fraction == 1.0, good.message
+    saved = good.verdict["activation_bytes"]
+    assert saved["candidate"] <= 0.6 * saved["baseline"], saved
+    hidden = mark("workload_only_no_op", "checkpoint_hidden")
+    assert hidden.fraction == 1.0, hidden.message
+    sneaky = mark("workload_only_no_op")
+    assert sneaky.fraction == 0.0 and sneaky.verdict["verdict"] == "fail", sneaky.message
+    assert "at least 80% of that reduction is required" in sneaky.message
+    assert sneaky.verdict["activation_bytes"]["candidate"] == sneaky.verdict["activation_bytes"]["baseline"]

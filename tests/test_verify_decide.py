@@ -238,3 +238,13 @@ def test_too_few_pairs_is_inconclusive_not_a_fail():
     v = _judge(_result(a, b))
     assert (v.outcome, v.code) == ("inconclusive", "too_few_pairs")
     assert "3 timed pairs" in v.reason
+
+
+def test_activation_bytes_from_the_child_are_kept_only_when_well_formed():
+    a, b = NoisyBlocks(3, 1.0, 0.5, noise=0.01, spike_p=0.1).pairs(12)
+    kept = _judge(_result(a, b, activation_bytes={"baseline": 3_722_436, "candidate": 1_795_268}))
+    assert kept.details["activation_bytes"] == {"baseline": 3_722_436, "candidate": 1_795_268}
+    for bad in ({"baseline": "3 MB", "candidate": 1}, {"baseline": -1, "candidate": 1}, [1, 2],
+                {"baseline": True, "candidate": 1}, {"baseline": 1.5, "candidate": 1}):
+        assert "activation_bytes" not in _judge(_result(a, b, activation_bytes=bad)).details, bad
+    assert "activation_bytes" not in _judge(_result(a, b)).details

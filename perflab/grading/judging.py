@@ -92,7 +92,7 @@ class Context:
 
     def verify_module(self, baseline: Any, source: str, expectation_name: str, *, label: str,
                       claim: float | None = None, max_pairs: int | None = None,
-                      max_seconds: float | None = None) -> tuple[Any, Any]:
+                      max_seconds: float | None = None, measure_activations: bool = False) -> tuple[Any, Any]:
         """Re-measure a module of the student's code (`source`, following `perflab.verify.candidates`'
         contract) against perflab's `baseline`, its child run by `child_runner` (in the grading sandbox):
         (verdict, expectation) as `perflab.labs.common.verify_against_bar` returns them."""
@@ -105,7 +105,8 @@ class Context:
             path = Path(tmp) / "candidate.py"
             path.write_text(source, encoding="utf-8")
             return verify_against_bar(baseline, Side.module(path, label=label), expectation_name, claim=claim,
-                                      max_pairs=max_pairs, max_seconds=max_seconds, runner=self.child_runner)
+                                      max_pairs=max_pairs, max_seconds=max_seconds, runner=self.child_runner,
+                                      measure_activations=measure_activations)
 
 
 Judge = Callable[[Any, Context], "Mark | None"]

@@ -240,12 +240,13 @@ class FakeClock:
 
 def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, claim: float | None = None,
                        max_pairs: int | None = None, max_seconds: float | None = None,
-                       runner: Any = None) -> tuple[Any, Any]:
+                       runner: Any = None, measure_activations: bool = False) -> tuple[Any, Any]:
     """Re-measure `candidate` against `baseline` in a fresh interpreter (`perflab.verify.verify`),
     held to the bar calibrated for this hardware under `expectation_name`, inside the grading
     machine's timing lock. `max_pairs` caps the protocol's pairs (None: its own budget; the tiny
     mode's cap), `max_seconds` the timed seconds with it (default 30). `runner` runs the verify child
     (default: a local process; the grader passes its sandbox for a candidate of student code).
+    `measure_activations` also re-measures the activation bytes of one training step of each side.
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -262,16 +263,20 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, 
         budget = Budget(max_pairs=max_pairs, max_timed_seconds=max_seconds or 30.0)
     with timed_section():
         verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget,
-                         **({"runner": runner} if runner is not None else {}))
+                         measure_activations=measure_activations, **({"runner": runner} if runner is not None else {}))
     return verdict, expectation
 
 
 def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
     """A verdict as the grade table records it (an error counts as a fail)."""
     outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    return {"name": expectation.name, "verdict": outcome, "speedup": verdict.speedup,
-            "ci": list(verdict.ci) if verdict.ci is not None else None, "claimed": verdict.claim,
-            "hardware_class": expectation.hardware_class, "reason": verdict.reason}
+    record = {"name": expectation.name, "verdict": outcome, "speedup": verdict.speedup,
+              "ci": list(verdict.ci) if verdict.ci is not None else None, "claimed": verdict.claim,
+              "hardware_class": expectation.hardware_class, "reason": verdict.reason}
+    saved = (getattr(verdict, "details", None) or {}).get("activation_bytes")
+    if saved:  # what a step keeps for backward, re-measured with the time (lab 4)
+        record["activation_bytes"] = dict(saved)
+    return record
 
 
 def mark_of(verdict: Any, expectation: Any) -> Any:

@@ -377,14 +377,77 @@ def checkpointed_step(seed: int, config: dict[str, Any], checkpoint_stages: Call
 
 
 def verify_checkpoint(candidate: str | Path, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
-    """Re-measure the exported candidate against the plain baseline in a fresh interpreter, held to the
-    bar of this hardware. Returns (verdict, expectation)."""
+    """Re-measure the exported candidate against the plain baseline in a fresh interpreter: its time
+    held to the bar of this hardware, and the activation memory its training step saves held to what
+    checkpointing buys (`with_saving_checked`). Returns (verdict, expectation)."""
     from perflab.labs.common import verify_against_bar
     from perflab.verify import Side
 
     s = sizes(mode)
-    return verify_against_bar(baseline_config(mode), Side.module(candidate, label="checkpoint_stages"), EXPECTATION,
-                              claim=claim, max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+    config = baseline_config(mode)
+    verdict, expectation = verify_against_bar(config, Side.module(candidate, label="checkpoint_stages"), EXPECTATION,
+                                              claim=claim, max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds,
+                                              measure_activations=True)
+    return with_saving_checked(verdict, config), expectation
+
+
+# What checkpointing buys, re-measured beside its time cost: the candidate's training step (the
+# workload itself, at the graded size) must save at least this share of the activation memory that
+# perflab's own checkpointing of GRADED_STAGES saves, the same rule as the hidden checkpoint check.
+MIN_WORKLOAD_SAVING_SHARE = 0.8
+
+
+def reference_activation_bytes(config: TrainConfig) -> int:
+    """Activation bytes one training step of `config` saves for backward with perflab's own
+    checkpointing of every stage, measured here (`perflab.verify.saved`, as the verify child does)."""
+    from perflab.verify import Side, candidates
+    from perflab.verify.saved import SavedBytes, bind
+
+    side = Side.from_config(config.replace(checkpoint_segments=len(GRADED_STAGES)))
+    step = candidates.load_factory(side)(config.seed, **side.kwargs)
+    step()  # the first step builds what is lazily built (optimizer state), like the child's first gate step
+    with SavedBytes(bind()) as seen:
+        step()
+    return seen.bytes
+
+
+def activation_saving(verdict: Any) -> tuple[int, int] | None:
+    """(plain, candidate) activation bytes of one training step, re-measured by the verification, or None."""
+    seen = (getattr(verdict, "details", None) or {}).get("activation_bytes")
+    if not isinstance(seen, dict) or not all(isinstance(seen.get(k), int) for k in ("baseline", "candidate")):
+        return None
+    return seen["baseline"], seen["candidate"]
+
+
+def saving_line(verdict: Any) -> str | None:
+    """One line on the re-measured activation memory, or None when the verification measured none."""
+    seen = activation_saving(verdict)
+    if seen is None:
+        return None
+    plain, got = seen
+    return (f"activation memory of one training step, re-measured: {memory.format_bytes(plain)} plain, "
+            f"{memory.format_bytes(got)} checkpointed ({(got - plain) / max(plain, 1):+.1%})")
+
+
+def with_saving_checked(verdict: Any, config: TrainConfig) -> Any:
+    """`verdict`, failed with code "no_saving" when its re-measured training step does not save at least
+    MIN_WORKLOAD_SAVING_SHARE of what perflab's checkpoint of every stage saves on `config` (a check
+    that saves nothing has no cost worth grading). Unchanged when no memory was measured."""
+    import dataclasses
+
+    seen = activation_saving(verdict)
+    if seen is None or verdict.outcome in ("error", "deferred"):
+        return verdict
+    plain, got = seen
+    reference = reference_activation_bytes(config)
+    want = plain - reference
+    if plain - got >= MIN_WORKLOAD_SAVING_SHARE * want:
+        return verdict
+    reason = (f"the checkpointed training step keeps {memory.format_bytes(got)} of activations for backward "
+              f"against {memory.format_bytes(plain)} plain ({(got - plain) / max(plain, 1):+.1%}); checkpointing "
+              f"every stage keeps {memory.format_bytes(reference)} ({(reference - plain) / max(plain, 1):+.1%}), and "
+              f"at least {MIN_WORKLOAD_SAVING_SHARE:.0%} of that reduction is required")
+    return dataclasses.replace(verdict, outcome="fail", code="no_saving", reason=reason)
 
 
 def accepted(outcome: str) -> bool:
@@ -396,9 +459,13 @@ def accepted(outcome: str) -> bool:
 
 
 def report(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """Show the verdict's record to the autograder (and the student) and return it."""
+    """Show the verdict's record to the autograder (and the student), with the re-measured activation
+    memory, and return it."""
     from perflab.labs.common import report as show
 
+    line = saving_line(verdict)
+    if line:
+        print(line)
     return show(verdict, expectation)
 
 

@@ -231,12 +231,31 @@ def _apply_compile_patches() -> None:
     mutation_guard.install_generation_tagging_init()
 
 
+def _gate(side: Side, saved_hooks: Any) -> int | None:
+    """The side's GATE_STEPS warm-up and gate steps; with `saved_hooks`, the second step also measures
+    the activation bytes it saves for backward (`perflab.verify.saved`; the first builds what is built
+    lazily, such as optimizer state): returned, else None."""
+    if saved_hooks is None:
+        side.run(GATE_STEPS, per_step=True)
+        return None
+    from perflab.verify.saved import SavedBytes
+
+    side.run(1, per_step=True)
+    with SavedBytes(saved_hooks) as seen:
+        side.run(1, per_step=True)
+    side.run(GATE_STEPS - 2, per_step=True)
+    return seen.bytes
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from perflab.verify import candidates, decide
 
     CLOCKS.bind_torch()
+    from perflab.verify import saved
+
+    saved_hooks = saved.bind()  # before any student code exists, like the clocks
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     out: dict[str, Any] = {"problems": []}
@@ -261,7 +280,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     a = Side("baseline", base_factory(seed, **base_side.kwargs))
     setup_a = (clock() - t0) / 1e9
     # Its warm-up and gate steps too: every thread it needs exists afterwards.
-    a.run(GATE_STEPS, per_step=True)
+    saved_a = _gate(a, saved_hooks if job.get("activation_bytes") else None)
     global _REST_THREADS
     _REST_THREADS = _thread_ids()
     if not all(math.isfinite(x) for x in a.losses):
@@ -298,7 +317,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         return out
 
     # Warm-up and correctness gate, before any timing.
-    b.run(GATE_STEPS, per_step=True)
+    saved_b = _gate(b, saved_hooks if job.get("activation_bytes") else None)
+    if saved_a is not None and saved_b is not None:
+        out["activation_bytes"] = {"baseline": saved_a, "candidate": saved_b}
     dtype, rtol, atol = _tolerance(base_side.dtype, cand_dtype)
     out["warmup_seconds"] = {  # first-step cost beyond a warm step: compilation, autotuning, caches
         side.name: side.step_seconds[0] - min(side.step_seconds[1:]) for side in (a, b)}

@@ -238,7 +238,8 @@ def _default_memory_limit(baseline: Side, candidate: Side) -> int | None:
 def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | None = None,
            budget: decide.Budget | None = None, seed: int = 0, threads: int | None = None,
            time_limit: float = TIME_LIMIT_SECONDS, memory_limit: int | None | str = "auto",
-           hashes: dict[str, str] | None = None, runner: Callable[..., Any] | None = None) -> Verdict:
+           hashes: dict[str, str] | None = None, runner: Callable[..., Any] | None = None,
+           measure_activations: bool = False) -> Verdict:
     """Re-measure `candidate` against perflab's reference `baseline` in a fresh interpreter; a `Verdict`.
 
     baseline     a `TrainConfig` or `Side.reference(...)`: always perflab's code, never the student's
@@ -247,6 +248,8 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     claim        the student's own figure, checked against the re-measured CI
     hashes       perflab's file hashes the child must find (default: `guard.expected_hashes()`)
     runner       runs the child job like `run_child` (the grader passes its sandbox; default: a local process)
+    measure_activations  also measure the activation bytes one training step of each side saves for
+                 backward (`perflab.verify.saved`, in the child's first gate step): `details["activation_bytes"]`
     """
     base_side = _as_side(baseline, "baseline")
     cand_side = _as_side(candidate, "candidate")
@@ -264,7 +267,8 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
         memory_limit = _default_memory_limit(base_side, cand_side)
     job = {"nonce": secrets.token_hex(16), "seed": seed, "threads": threads, "expectation": expectation,
            "budget": budget.to_dict(), "baseline": base_side.to_dict(), "candidate": cand_side.to_dict(),
-           "hashes": hashes if hashes is not None else guard.expected_hashes()}
+           "hashes": hashes if hashes is not None else guard.expected_hashes(),
+           "activation_bytes": bool(measure_activations)}
     log.info("verifying %s against %s (bar %.2fx)", cand_side.label, base_side.label, expectation)
     result, why, wall = (runner or run_child)(job, time_limit=time_limit, memory_limit=memory_limit)  # type: ignore[arg-type]
     common = {"expectation": expectation, "claim": claim, "seed": seed, "elapsed_seconds": wall,
@@ -334,6 +338,9 @@ def judge(result: dict[str, Any], *, budget: decide.Budget, expectation: float, 
     timed = float(result.get("timed_seconds", 0.0))
     details = {k: result[k] for k in ("gate", "setup_seconds", "warmup_seconds", "import_seconds", "idle_cpu", "timing_wall_seconds",
                                       "child_wall_seconds", "decision") if k in result}
+    saved = result.get("activation_bytes")
+    if isinstance(saved, dict) and all(type(saved.get(k)) is int and saved[k] >= 0 for k in ("baseline", "candidate")):
+        details["activation_bytes"] = {"baseline": saved["baseline"], "candidate": saved["candidate"]}
     common.update(baseline_times=a, candidate_times=b, block_steps=int(result.get("block_steps", 0)),
                   timed_seconds=timed, details=details)
     problems = list(result.get("problems", []))

@@ -437,9 +437,12 @@ LARGEST = {"budget_bytes": int(BUDGET), "plain": fit_plain, "checkpointed": fit_
 # (interleaved blocks, bootstrap CI: `perflab.timing.compare`); its "speedup" is below 1, and that is
 # your `CLAIM`. The graded cell after it exports your `checkpoint_stages` and has `perflab.verify`
 # re-measure it in a fresh interpreter, checking first that it trains identically to the plain
-# model. It passes when the speedup's confidence interval stays above the bar for this hardware:
-# calibrated from the reference solution on the grading machine, or, where none was calibrated,
-# perflab's conservative rule for a known cost (no slower than half speed).
+# model. The same fresh process measures what your checkpoint buys on the workload itself: the
+# activation bytes one training step keeps for backward, plain and checkpointed. It passes when that
+# memory falls by at least 80% of what checkpointing every stage gives, and the speedup's confidence
+# interval stays above the bar for this hardware: calibrated from the reference solution on the
+# grading machine, or, where none was calibrated, perflab's conservative rule for a known cost (no
+# slower than half speed).
 
 # %%
 base_work = workload.build(BASELINE)
@@ -456,7 +459,7 @@ ckpt_work.close()
 
 # %% nbgrader={"grade": true, "grade_id": "checkpoint_cost_verified", "locked": true, "points": 15, "schema_version": 3, "solution": false, "task": false}
 # The autograder's re-measurement: your checkpoint_stages exported, a fresh interpreter, the
-# correctness gate, interleaved blocks, bootstrap CI, the bar of this hardware.
+# correctness gate, the activation memory it keeps, interleaved blocks, bootstrap CI, the bar of this hardware.
 CANDIDATE = lab04.export_candidate(common.results_path(LAB).with_name("lab04_candidate.py"), checkpoint_stages,
                                    *CHECKPOINT_HELPERS, config=BASELINE)
 VERDICT, EXPECTATION = lab04.verify_checkpoint(CANDIDATE, claim=CLAIM)

@@ -331,8 +331,9 @@ def judge_cost(observed: Any, ctx: Context) -> Mark:
         return common.mark_of(Verdict("fail", "no_saving", why, expectation.threshold, claim=claim), expectation)
     verdict, expectation = ctx.verify_module(baseline, lab04.candidate_source(source, baseline), lab04.EXPECTATION,
                                              label="checkpoint_stages", claim=claim, max_pairs=s.verify_max_pairs,
-                                             max_seconds=s.verify_seconds)
-    return common.mark_of(verdict, expectation)
+                                             max_seconds=s.verify_seconds, measure_activations=True)
+    # What it buys, on the workload itself: the activation memory its step saves, from the same fresh process.
+    return common.mark_of(lab04.with_saving_checked(verdict, baseline), expectation)
 
 
 # ---------------------------------------------------------------------------------------------
