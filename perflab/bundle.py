@@ -76,7 +76,7 @@ speedup is re-measured there: report what you measured, never a typed-in number.
 
 ## Before you hand it in
 
-    nbgrader validate labs/lab01_measure/lab01_measure.ipynb
+    nbgrader validate labs/lab01_measure/lab01_measure.ipynb      # from this folder (it reads nbgrader_config.py)
 
 then submit the `.ipynb` file (not a copy renamed or re-saved by another tool). Your results
 (`results/<lab>.json`, written by the last cell) feed your optimization report:
