@@ -102,6 +102,15 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
+    def effective(self) -> TrainConfig:
+        """This configuration with the knobs that change nothing on its device reset, so that two runs
+        that do the same work compare equal: `pin_memory` pins host memory for copies to a CUDA device
+        (`build_loader` pins only there, and a copy to the CPU is no copy)."""
+        kind = str(self.device).split(":")[0] if self.device else self.device_type
+        if self.pin_memory and kind != "cuda":
+            return self.replace(pin_memory=False)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

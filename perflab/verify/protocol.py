@@ -279,9 +279,22 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
 
 
 def _same_work(a: Side, b: Side) -> bool:
-    """Whether two sides run the same perflab code with the same arguments (a candidate that changed nothing)."""
-    return (a.kind == b.kind == "reference" and a.target == b.target and a.factory == b.factory
-            and a.kwargs == b.kwargs and a.dtype == b.dtype)
+    """Whether two sides run the same perflab code with the same arguments (a candidate that changed
+    nothing), configurations compared by what they do on their device (`TrainConfig.effective`: pin_memory
+    on a CPU is the same run, and timing it would only measure noise against the bar)."""
+    if not (a.kind == b.kind == "reference" and a.target == b.target and a.factory == b.factory and a.dtype == b.dtype):
+        return False
+    if a.kwargs == b.kwargs:
+        return True
+    if set(a.kwargs) == set(b.kwargs) == {"config"}:
+        from perflab.workload import TrainConfig
+
+        try:
+            configs = [TrainConfig.from_dict(side.kwargs["config"]).effective() for side in (a, b)]
+        except (TypeError, ValueError):
+            return False
+        return configs[0] == configs[1]
+    return False
 
 
 def no_change(expectation: float, *, claim: float | None = None, seed: int = 0, baseline: str = "",
