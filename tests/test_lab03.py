@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.labs import lab03
+from perflab.labs import lab03, lab03_checks, lab03_figures
 from perflab.labs.hidden import lab03 as hidden03
 
 LAB = lab03.LAB
@@ -242,14 +242,14 @@ def test_forgetting_zero_grad_fails() -> None:
 
 
 def test_problems_are_reproducible_and_vary() -> None:
-    a, b = lab03.Problem.draw(9), lab03.Problem.draw(9)
+    a, b = lab03_checks.Problem.draw(9), lab03_checks.Problem.draw(9)
     assert a == b
     assert torch.equal(a.batch(2)[0], b.batch(2)[0])
     first = [p.detach() for p in a.model().parameters()]
     assert all(torch.equal(x, y.detach()) for x, y in zip(first, b.model().parameters(), strict=True))
-    shapes = {(p.batch_size, p.side, p.widths, p.classes) for p in map(lab03.Problem.draw, range(20))}
+    shapes = {(p.batch_size, p.side, p.widths, p.classes) for p in map(lab03_checks.Problem.draw, range(20))}
     assert len(shapes) > 10
-    assert any(w % 8 for p in map(lab03.Problem.draw, range(20)) for w in p.widths)
+    assert any(w % 8 for p in map(lab03_checks.Problem.draw, range(20)) for w in p.widths)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_stored_census_is_the_reference_census() -> None:
     (regenerate with `python -m perflab.labs.hidden.lab03` when this fails after a torch upgrade)."""
     import json
 
-    stored = json.loads(lab03.CENSUS_FILE.read_text(encoding="utf-8"))
+    stored = json.loads(lab03_checks.CENSUS_FILE.read_text(encoding="utf-8"))
     assert stored["cases"] == hidden03.visible_census()["cases"]
     assert set(stored["cases"]) == {"seed=5 dtype=float32 device=cpu", "seed=5 dtype=bfloat16 device=cpu"}
 
@@ -301,20 +301,20 @@ def test_visible_census_check_uses_the_stored_census() -> None:
 def test_stored_census_can_be_rewritten(tmp_path) -> None:
     path = hidden03.write_visible_census(tmp_path / "census.json")
     for seed, dtype in hidden03.VISIBLE_CENSUS_CASES:
-        case = lab03.census_case(seed, dtype)
-        assert lab03.stored_census(case, path) == lab03.stored_census(case)
+        case = lab03_checks.census_case(seed, dtype)
+        assert lab03_checks.stored_census(case, path) == lab03_checks.stored_census(case)
 
 
 def test_op_census_sees_autocast_choices() -> None:
-    problem = lab03.Problem.draw(10)
+    problem = lab03_checks.Problem.draw(10)
     model, (images, labels) = problem.model(), problem.batch(0)
     optimizer = problem.optimizer(model)
-    census = lab03.op_census(lambda: good_step(model, optimizer, images, labels, dtype=torch.bfloat16))
+    census = lab03_figures.op_census(lambda: good_step(model, optimizer, images, labels, dtype=torch.bfloat16))
     assert census["convolution"] == {"bfloat16": len(problem.widths)}
     assert census["_log_softmax"] == {"float32": 1} and census["nll_loss_forward"] == {"float32": 1}
     assert "bfloat16" in census["_to_copy"] and "float32" in census["_to_copy"]
     assert "detach" not in census
-    table = lab03.census_table(census)
+    table = lab03_figures.census_table(census)
     assert table.splitlines()[0].split() == ["op", "/", "module", "bfloat16", "float32"]
 
 
@@ -339,7 +339,7 @@ def test_config_gate_runs_the_workload(tiny_data, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PERFLAB_MODE", "tiny")
     base = lab03.baseline_config()
     lab03.check_config(base.replace(amp_dtype="bf16", channels_last=True))
-    problems = lab03.config_parity_problems(base.replace(seed=1))
+    problems = lab03_checks.config_parity_problems(base.replace(seed=1))
     assert problems and "other samples" in problems[0]
 
 
@@ -391,11 +391,20 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_loss_curves_follow_fp32_on_real_data(tiny_data, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERFLAB_MODE", "tiny")
-    curves = lab03.loss_curves(good_step, ["fp32", "bf16"], steps=3)
-    summary = lab03.curve_summary(curves)
+    curves = lab03_figures.loss_curves(good_step, ["fp32", "bf16"], steps=3)
+    summary = lab03_figures.curve_summary(curves)
     assert summary["fp32"]["max_abs_gap"] == 0.0 and summary["bf16"]["finite"]
     # ResNet-18 at batch 8: bf16's first loss is within ~1% of FP32's; BatchNorm over 8 samples then
     # amplifies rounding. Past the first update the trajectory is chaotic: 18% within three steps on a
     # CPU with AVX-512-BF16, 46% on an AVX2-only AMD EPYC (bf16 emulated); only divergence fails.
     assert abs(curves["bf16"][0] - curves["fp32"][0]) < 0.03 * curves["fp32"][0]
     assert summary["bf16"]["max_rel_gap"] < 0.8
+
+
+def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
+    from perflab.labs import lab03_checks, lab03_figures
+
+    assert lab03.loss_curves is lab03_figures.loss_curves and lab03.compare_precisions is lab03_figures.compare_precisions
+    assert lab03.FIRST_STEP_RTOL is lab03_checks.FIRST_STEP_RTOL
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        lab03.not_a_name  # noqa: B018

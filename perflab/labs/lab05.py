@@ -45,24 +45,23 @@ The student writes these in `solutions/lab05_compile` (the notebook); the tests 
         full or grade mode on ResNet-18 (`TrainConfig(compile_mode=CHOICE)`), everywhere else on
         the lab's small model (`small_step`), which keeps grading time bounded on CPUs.
 
-This module holds what the tests and the grader share: the models (`PlainBlock`, `BrokenBlock`,
-`SmallNet`), the verifier's reference workload `small_step`, `CompileTiming`, a counting backend,
-the sizes of each mode, and what the visible cells run (`FakeClock`, `ScriptedBuild`,
-`check_compiled_matches_eager`). The hidden tests' checks (`check_measure_compile`,
-`check_graph_breaks`, `check_fixed_block`, `check_break_even`, `check_no_recompile`) and the
-reference answers they compare against live in `perflab/labs/hidden/lab05.py`, which is grader-only.
+This module holds what the notebook, its tests and the grader share: the models (`PlainBlock`,
+`BrokenBlock`, `SmallNet`, `IndexedFeatures`), the sizes of each mode, the verifier's reference workload
+`small_step`, `CompileTiming`, the visible cells' fixtures (`FakeClock`, `ScriptedBuild`, and from
+`perflab.labs.lab05_dynamo`, re-exported: `CountingBackend`, `quiet`, `quiet_compile_logs`,
+`recompile_reasons`), the visible gate `check_compiled_matches_eager`, `verify_choice`, and `PROBES`,
+what the grader reads from a notebook.
+
+Elsewhere: the checks' inputs, observations and tolerances in `perflab.labs.lab05_checks` (which
+imports this module, so the gate and the probes import it when they run); the judges and reference
+answers in the grader-only `perflab/labs/hidden/lab05.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import math
 import statistics
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,6 +78,10 @@ from perflab.labs.common import (  # noqa: F401
     report,
     verify_against_bar,
 )
+from perflab.labs.lab05_dynamo import CountingBackend as CountingBackend
+from perflab.labs.lab05_dynamo import quiet as quiet
+from perflab.labs.lab05_dynamo import quiet_compile_logs as quiet_compile_logs
+from perflab.labs.lab05_dynamo import recompile_reasons as recompile_reasons
 from perflab.verify.expectations import GAIN_MIN
 from perflab.workload import COMPILE_MODES, TrainConfig
 
@@ -106,12 +109,6 @@ REFERENCE_MODE = "default"
 # uses for "a gain on this hardware" (perflab.verify.expectations.GAIN_MIN); below it, compiling buys
 # less than run-to-run drift and the answer is "do not compile".
 MIN_GAIN = GAIN_MIN
-# Compiled against eager: inductor fuses and reorders float32 reductions (LayerNorm, means, the
-# matmul blocking of max-autotune's templates); measured differences stay below 1e-5 relative here.
-COMPILED_RTOL, COMPILED_ATOL = 1e-3, 1e-4
-# Loggers that write compile chatter straight to stderr (which scores a graded cell 0): dynamo's
-# graph-break warnings, inductor's notes, and "No CUDA runtime is found" from the C++ toolchain probe.
-NOISY_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension", "torch.fx.experimental.symbolic_shapes")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +317,7 @@ def small_step(seed: int, compile_mode: str | None = None, batch_size: int = 32,
 
 
 # ---------------------------------------------------------------------------------------------
-# What measure_compile returns, and tools the notebook uses
+# What measure_compile returns
 
 
 @dataclass(frozen=True)
@@ -370,54 +367,6 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-@dataclass
-class CountingBackend:
-    """A torch.compile backend that runs graphs eagerly and records each graph dynamo hands it.
-
-    Graph breaks and recompiles are decided by dynamo before any backend runs, so counting with this
-    cheap backend gives the counts inductor would see, in a fraction of the time.
-    """
-
-    graphs: list[list[Any]] = field(default_factory=list)
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        self.graphs.append([tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in example_inputs])
-        return gm.forward
-
-    @property
-    def count(self) -> int:
-        return len(self.graphs)
-
-
-def recompile_reasons() -> list[str]:
-    """Why dynamo recompiled since the last `torch._dynamo.reset()`: each failed guard, in words."""
-    from torch._dynamo import utils
-
-    failures = getattr(utils, "guard_failures", {})
-    return [f"{code.co_name}: {reason}" for code, reasons in failures.items() for reason in reasons]
-
-
-def quiet_compile_logs() -> None:
-    """Keep compile chatter (graph-break warnings, toolchain probes) off stderr: graded cells stay clean.
-
-    Graph breaks are found with `torch._dynamo.explain` and recompiles with `recompile_reasons()`
-    instead, which report them as data.
-    """
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    with contextlib.suppress(Exception):
-        torch._logging.set_logs(dynamo=logging.ERROR, inductor=logging.ERROR)
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """No warnings, compile logs or printed lines from the code inside (stdout is swallowed)."""
-    quiet_compile_logs()
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
-
-
 def total_seconds(timing: CompileTiming, steps: int) -> float:
     """Wall time of a run of `steps` steps: the compile cost once, then steady steps."""
     return timing.compile_seconds + steps * timing.steady_median
@@ -453,112 +402,8 @@ class ScriptedBuild:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compiled-against-eager gate a visible cell runs on FixedBlock
-
-
-def _paired_blocks(fixed_cls: type[nn.Module], width: int, rng: np.random.Generator,
-                   bias: float) -> tuple[nn.Module, nn.Module]:
-    """A BrokenBlock and a `fixed_cls` of `width` holding the same parameters, fc2's bias shifted by `bias`."""
-    assert isinstance(fixed_cls, type) and issubclass(fixed_cls, BrokenBlock), \
-        "FixedBlock should subclass BrokenBlock (same parameters, forward rewritten)"
-    torch.manual_seed(int(rng.integers(0, 2**31)))
-    original = BrokenBlock(width)
-    fixed = fixed_cls(width)
-    assert set(fixed.state_dict()) == set(original.state_dict()), \
-        f"FixedBlock's parameters {sorted(fixed.state_dict())} differ from BrokenBlock's {sorted(original.state_dict())}"
-    with torch.no_grad():
-        original.fc2.bias.add_(bias)  # pushes the branch one way or the other
-    fixed.load_state_dict(original.state_dict())
-    return original, fixed
-
-
-def _gate_draws(seed: int, draws: int) -> tuple[int, int, list[dict[str, Any]]]:
-    """(width, batch, draws) of the compiled-matches-eager gate: each draw's parameters, branch shift,
-    input and output weights, all from `seed` (a generator of its own, not the global RNG)."""
-    rng = np.random.default_rng(seed)
-    width, batch = int(rng.integers(8, 33)), int(rng.integers(4, 17))
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [tuple(p.shape) for p in BrokenBlock(width).parameters()]
-    out = []
-    for k in range(draws):
-        params = [torch.randn(shape, generator=gen) * 0.3 for shape in shapes]
-        shift = (2.0 if k % 2 == 0 else -2.0) * float(rng.uniform(0.5, 2))
-        x = torch.randn(batch, width, generator=gen) * float(rng.uniform(0.5, 3))
-        out.append({"params": params, "shift": shift, "x": x, "weights": torch.randn(batch, width, generator=gen)})
-    return width, batch, out
-
-
-def _gate_run(model: nn.Module, params_of: nn.Module, draw: dict[str, Any]) -> dict[str, Any]:
-    """One draw through `model` (whose parameters are `params_of`'s): output, input and parameter gradients."""
-    with torch.no_grad():
-        for p, value in zip(params_of.parameters(), draw["params"], strict=True):
-            p.copy_(value)
-        params_of.fc2.bias.add_(draw["shift"])
-    params_of.zero_grad(set_to_none=True)
-    xi = draw["x"].clone().requires_grad_(True)
-    out = model(xi)
-    (out * draw["weights"]).sum().backward()
-    return {"output": out.detach(), "input_grad": xi.grad,
-            "param_grads": [p.grad for p in params_of.parameters()]}
-
-
-def observe_compiled(fixed_cls: type[nn.Module], mode: str | None = "default", seed: int = 0, draws: int = 3,
-                     backend: str = "inductor") -> dict[str, Any]:
-    """`torch.compile(FixedBlock, mode=mode)` on the gate's draws, as data (one compile, both branches)."""
-    from perflab.grading.probing import encode
-
-    if mode is not None and mode not in COMPILE_MODES:
-        raise ValueError(f"mode: {mode!r} is not one of None, {', '.join(COMPILE_MODES)}")
-    width, _, planned = _gate_draws(seed, draws)
-    try:
-        assert isinstance(fixed_cls, type) and issubclass(fixed_cls, BrokenBlock), \
-            "FixedBlock should subclass BrokenBlock (same parameters, forward rewritten)"
-        fixed = fixed_cls(width)
-        with quiet():
-            torch._dynamo.reset()
-            compiled = torch.compile(fixed, mode=mode) if backend == "inductor" else torch.compile(fixed, backend=backend)
-            runs = [_gate_run(compiled, fixed, draw) for draw in planned]
-    except Exception as exc:
-        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    return {"runs": encode(runs)}
-
-
-def compiled_from(observed: Any, mode: str | None = "default", seed: int = 0, draws: int = 3) -> dict[str, float]:
-    """Compare `observe_compiled`'s data with eager BrokenBlock on the same draws (AssertionError on the first
-    difference); the largest differences seen."""
-    if not isinstance(observed, dict) or "runs" not in observed:
-        raised = observed.get("raised", "no result") if isinstance(observed, dict) else "no result"
-        raise AssertionError(f"compiling FixedBlock raised {raised}: "
-                             f"{observed.get('message', '') if isinstance(observed, dict) else ''}")
-    width, batch, planned = _gate_draws(seed, draws)
-    runs = observed["runs"]
-    assert isinstance(runs, list) and len(runs) == draws, "no result for every draw"
-    original = BrokenBlock(width)
-    worst = {"output": 0.0, "input_grad": 0.0, "param_grad": 0.0}
-    names = [n for n, _ in original.named_parameters()]
-    hint = (" (a value that left torch in the original, by .item() or numpy, carried no gradient there: "
-            ".detach() it in yours)")
-    with quiet():
-        for k, (draw, got) in enumerate(zip(planned, runs, strict=True)):
-            want = _gate_run(original, original, draw)
-            where = f"draw {k + 1} (width {width}, batch {batch}, mode {mode})"
-            _close_or_fail(_tensor(got.get("output")), want["output"], f"{where}: compiled outputs", worst, "output")
-            _close_or_fail(_tensor(got.get("input_grad")), want["input_grad"], f"{where}: gradient of the input",
-                           worst, "input_grad", hint)
-            grads = got.get("param_grads") or []
-            assert len(grads) == len(names), f"{where}: expected gradients of {len(names)} parameters"
-            for name, g, w in zip(names, grads, want["param_grads"], strict=True):
-                _close_or_fail(_tensor(g), w, f"{where}: gradient of {name}", worst, "param_grad", hint)
-    return worst
-
-
-def _tensor(data: Any) -> torch.Tensor | None:
-    """A tensor as `perflab.grading.probing.encode` wrote it (None for None or a summary)."""
-    if not isinstance(data, dict) or "tensor" not in data or "values" not in data["tensor"]:
-        return None
-    t = data["tensor"]
-    values = [v if isinstance(v, (int, float)) else float(v.get("float", "nan")) for v in t["values"]]
-    return torch.tensor(values, dtype=torch.float32).reshape(t["shape"])
+# The compiled-against-eager gate a visible cell runs on FixedBlock (its machinery and tolerances:
+# perflab.labs.lab05_checks, which imports this module, hence the import when it runs)
 
 
 def check_compiled_matches_eager(fixed_cls: type[nn.Module], mode: str | None = "default", seed: int = 0,
@@ -569,16 +414,9 @@ def check_compiled_matches_eager(fixed_cls: type[nn.Module], mode: str | None = 
     Returns the largest differences seen. (`backend` is for the kit's own tests: a mode applies to
     Inductor only.)
     """
+    from perflab.labs.lab05_checks import compiled_from, observe_compiled
+
     return compiled_from(observe_compiled(fixed_cls, mode, seed, draws, backend), mode, seed, draws)
-
-
-def _close_or_fail(got: torch.Tensor | None, want: torch.Tensor | None, what: str, worst: dict[str, float],
-                   key: str, hint: str = "") -> None:
-    assert got is not None and want is not None, f"{what}: missing (got {got is not None}, eager {want is not None})"
-    diff = (got - want).abs().max().item()
-    worst[key] = max(worst[key], diff)
-    assert torch.allclose(got, want, rtol=COMPILED_RTOL, atol=COMPILED_ATOL), \
-        f"{what} differ from eager BrokenBlock's by up to {diff:.3g}{hint}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,9 +455,6 @@ def sides(choice: str | None, mode: str | None = None, device: torch.device | st
 
 def reference_sides(mode: str | None = None) -> tuple[Any, Any]:
     """What calibration times on the grading machine: eager against the reference solution's mode."""
-    return sides(REFERENCE_MODE, mode)
-
-
 
 
 def verify_choice(choice: str | None, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
@@ -636,231 +471,12 @@ def verify_choice(choice: str | None, claim: float | None = None, mode: str | No
 
 # ---------------------------------------------------------------------------------------------
 # What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
-# runs the student's functions on inputs drawn from the grader's seed and returns what they gave, as
-# data; the grader-only judges (perflab/labs/hidden/lab05.py) draw the same inputs, compute the
-# references (dynamo's own break lines, eager outputs, break-even, the re-measurement) and decide.
-# Compile counts and dynamo's graph-break count of FixedBlock are read in the notebook's kernel:
-# patching torch._dynamo there is flagged for review.
-
-def break_one_item(x: torch.Tensor) -> torch.Tensor:
-    y = x.relu()
-    n = y.sum().item()
-    return y / (n + 1)
-
-
-def break_branch_and_numpy(x: torch.Tensor) -> torch.Tensor:
-    y = x * 2
-    if y.sum() > 0:
-        y = y + 1
-    z = np.interp(y.numpy(), [0.0, 1.0], [1.0, 3.0])
-    return torch.from_numpy(z) + y
-
-
-def break_none(x: torch.Tensor) -> torch.Tensor:
-    y = torch.where(x.sum() > 0, x + 1, x)
-    return y.clamp(0, 1) * 2 + 1
-
-
-def break_print_twice(x: torch.Tensor) -> torch.Tensor:
-    y = x.exp()
-    print("first", y.shape)
-    y = y * 3
-    print("second")
-    return y.sum(0)
-
-
-BREAK_PROBES = (break_one_item, break_branch_and_numpy, break_none, break_print_twice)
-
-
-
-def fixed_cases(rng: np.random.Generator, n: int) -> Iterator[tuple[int, int, float]]:
-    for k in range(n):
-        yield int(rng.integers(4, 24)), int(rng.integers(2, 12)), (3.0 if k % 2 == 0 else -3.0) * float(rng.uniform(0.5, 2))
-
-
-
-def break_cases(seed: int) -> list[tuple[Callable[..., Any], torch.Tensor]]:
-    """(function, input) pairs the hidden graph-break check runs, in an order drawn from `seed`, then a
-    BrokenBlock of a random width."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[tuple[Callable[..., Any], torch.Tensor]] = []
-    for index in rng.permutation(len(BREAK_PROBES)):
-        fn = BREAK_PROBES[int(index)]
-        x = torch.randn(int(rng.integers(2, 6)), int(rng.integers(2, 6)), generator=gen)
-        if fn is break_branch_and_numpy:
-            x = x.abs() * float(rng.choice([-1.0, 1.0]))
-        out.append((fn, x))
-    width = int(rng.integers(4, 12))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        block = BrokenBlock(width)
-    out.append((block, torch.randn(int(rng.integers(2, 8)), width, generator=gen)))
-    return out
-
-
-def fixed_block_cases(seed: int, cases: int = 4) -> list[dict[str, Any]]:
-    """Random widths, batches and branch shifts for the fixed-block check, with their BrokenBlock
-    weights' seed and input (drawn without the global RNG)."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for width, batch, bias in fixed_cases(rng, cases):
-        out.append({"width": width, "batch": batch, "bias": bias, "init": int(rng.integers(0, 2**31)),
-                    "x": torch.randn(batch, width, generator=gen) * float(rng.uniform(0.5, 4))})
-    return out
-
-
-VISIBLE_FIXED_CASES = ({"width": 16, "batch": 8, "bias": 3.0, "init": 0, "x_seed": 1},
-                       {"width": 16, "batch": 8, "bias": -3.0, "init": 0, "x_seed": 2})
-
-
-def paired_for(fixed_cls: type[nn.Module], case: Mapping[str, Any]) -> tuple[nn.Module, nn.Module]:
-    """A BrokenBlock with `case`'s weights and branch shift, and a `fixed_cls` holding the same parameters."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case["init"])
-        original = BrokenBlock(case["width"])
-    with torch.no_grad():
-        original.fc2.bias.add_(case["bias"])
-    fixed = fixed_cls(case["width"])
-    fixed.load_state_dict(original.state_dict())
-    return original, fixed
-
-
-def _case_input(case: Mapping[str, Any]) -> torch.Tensor:
-    if "x" in case:
-        return case["x"]
-    return torch.randn(case["batch"], case["width"], generator=torch.Generator().manual_seed(case["x_seed"]))
-
-
-def observe_fixed(fixed_cls: type[nn.Module], cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """FixedBlock on each case, as data: its output and dynamo's graph breaks (count and reasons)."""
-    from perflab.grading.probing import encode
-
-    out = []
-    for case in cases:
-        try:
-            assert isinstance(fixed_cls, type) and issubclass(fixed_cls, BrokenBlock), \
-                "FixedBlock should subclass BrokenBlock (same parameters, forward rewritten)"
-            _, fixed = paired_for(fixed_cls, case)
-            x = _case_input(case)
-            with quiet():
-                got = fixed(x)
-                explained = torch._dynamo.explain(fixed)(x)
-            out.append({"output": encode(got), "breaks": explained.graph_break_count,
-                        "reasons": [str(r.reason).splitlines()[0] for r in explained.break_reasons]})
-        except Exception as exc:
-            out.append({"raised": type(exc).__name__, "message": str(exc)[:300]})
-    return out
-
-
-def measure_compile_cases(seed: int, cases: int = 4) -> list[dict[str, Any]]:
-    """Scripted builds for measure_compile: steps, clock start, build cost, call costs (the first with the
-    compile), from `seed`; the first is the visible test's."""
-    rng = np.random.default_rng(seed)
-    out = [{"steps": 3, "start": 100.0, "build_cost": 0.25, "costs": [4.0, 0.5, 0.25, 0.75]}]
-    for _ in range(cases):
-        steps = int(rng.integers(1, 12))
-        start = float(rng.uniform(0, 1e4))
-        costs = [float(rng.integers(1, 4000)) / 1024 for _ in range(steps + 1)]
-        costs[0] += float(rng.integers(1000, 40000)) / 1024
-        out.append({"steps": steps, "start": start, "build_cost": float(rng.integers(1, 500)) / 1024, "costs": costs})
-    return out
-
-
-def observe_measure_compile(fn: Callable[..., Any], case: Mapping[str, Any]) -> dict[str, Any]:
-    clock = FakeClock(case["start"])
-    build = ScriptedBuild(clock, case["build_cost"], list(case["costs"]))
-    try:
-        got = fn(build, case["steps"], clock=clock, sync=build.sync)
-    except Exception as exc:
-        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    timing = {"first": got.first, "steady": list(got.steady)} if isinstance(got, CompileTiming) else None
-    return {"type": type(got).__name__, "timing": timing, "builds": build.builds, "calls": build.calls,
-            "syncs": build.syncs}
-
-
-def _reset_probe(x: torch.Tensor) -> torch.Tensor:
-    return torch.sin(x) * 2 + 1
-
-
-def observe_reset(fn: Callable[..., Any], seed: int) -> dict[str, Any]:
-    """How many graphs reached a counting backend when an already-compiled function is measured twice."""
-    counter = CountingBackend()
-    x = torch.randn(int(np.random.default_rng(seed).integers(2, 9)), 3)
-
-    def build() -> Callable[[], torch.Tensor]:
-        compiled = torch.compile(_reset_probe, backend=counter)
-        return lambda: compiled(x)
-
-    try:
-        with quiet():
-            torch._dynamo.reset()
-            build()()
-            for _ in range(2):
-                fn(build, 1)
-    except Exception as exc:
-        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    return {"count": counter.count}
-
-
-BREAK_EVEN_FIXED = ((30.0, 0.2, 0.1), (12.5, 0.05, 0.05), (90.0, 0.3, 0.31), (0.0, 0.2, 0.1), (0.0, 0.1, 0.2))
-BREAK_EVEN_VISIBLE = ((30.0, 0.2, 0.1), (31.0, 0.2, 0.1), (10.0, 0.1, 0.1), (10.0, 0.1, 0.12), (0.0, 0.1, 0.12))
-BREAK_EVEN_BAD = (((-1.0, 0.2, 0.1), "compile_seconds"), ((math.nan, 0.2, 0.1), "compile_seconds"),
-                  ((5.0, 0.0, 0.1), "eager_step"), ((5.0, -0.2, 0.1), "eager_step"),
-                  ((5.0, 0.2, 0.0), "compiled_step"), ((5.0, 0.2, math.inf), "compiled_step"))
-
-
-def break_even_cases(seed: int, cases: int = 40) -> list[tuple[float, float, float]]:
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(cases):
-        e = float(10 ** rng.uniform(-4, 0))
-        draws.append((float(10 ** rng.uniform(-1, 2.5)), e, e * float(rng.uniform(0.3, 1.3))))
-    return list(BREAK_EVEN_FIXED) + draws
-
-
-def no_recompile_cases(seed: int, cases: int = 3) -> list[dict[str, int]]:
-    """Data sets whose size does not divide by the batch (a ragged tail of at least 2), from `seed`."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(cases):
-        batch = int(rng.integers(3, 12))
-        size = batch * int(rng.integers(2, 6)) + int(rng.integers(2, batch))
-        # Features never equal the batch: dynamo gives equal sizes one symbol ("duck shaping").
-        out.append({"batch": batch, "size": size, "features": int(rng.integers(13, 20)),
-                    "classes": int(rng.integers(2, 5)), "data_seed": int(rng.integers(0, 1000)),
-                    "model_seed": int(rng.integers(0, 1000)), "seed": int(rng.integers(0, 1000))})
-    return out
-
-
-def observe_no_recompile(setup: Callable[..., Any], case: Mapping[str, int]) -> dict[str, Any]:
-    """`setup` on one ragged data set, as data: graphs compiled over two epochs, the recompile reasons,
-    each epoch's batches of sample indices, and the compiled model's output on the first samples."""
-    from perflab.grading.probing import encode
-
-    data = IndexedFeatures(case["size"], case["features"], case["classes"], seed=case["data_seed"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case["model_seed"])
-        model = nn.Sequential(nn.Linear(case["features"], 16), nn.GELU(), nn.Linear(16, case["classes"]))
-    counter = CountingBackend()
-    try:
-        with quiet():
-            torch._dynamo.reset()
-            compiled, loader = setup(model, data, case["batch"], seed=case["seed"], backend=counter)
-            seen = []
-            for _ in range(2):
-                batches = []
-                for batch in loader:
-                    x, y = batch[0], batch[1]
-                    nn.functional.cross_entropy(compiled(x), y).backward()
-                    batches.append(data.index_of(x))
-                seen.append(batches)
-            reasons = recompile_reasons()
-            probe = compiled(data.x[:case["batch"]])
-    except Exception as exc:
-        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    return {"count": counter.count, "reasons": reasons[:3], "epochs": seen, "output": encode(probe)}
+# runs the student's functions on inputs drawn from the grader's seed (`lab05_checks.*_cases`) and
+# returns what they gave, as data (`lab05_checks.observe_*`); the grader-only judges
+# (perflab/labs/hidden/lab05.py) draw the same inputs, compute the references (dynamo's own break
+# lines, eager outputs, break-even, the re-measurement) and decide. Compile counts and dynamo's
+# graph-break count of FixedBlock are read in the notebook's kernel: patching torch._dynamo there is
+# flagged for review.
 
 
 def _probe_breaks_visible(answers: Any, seed: int) -> Any:
@@ -875,14 +491,26 @@ def _probe_breaks_visible(answers: Any, seed: int) -> Any:
 
 def _probe_breaks_hidden(answers: Any, seed: int) -> Any:
     from perflab.grading.probing import outcome
+    from perflab.labs.lab05_checks import break_cases
 
     fn = answers["graph_breaks"]
     with quiet():
         return [outcome(fn, target, x) for target, x in break_cases(seed)]
 
 
+def _probe_fixed(answers: Any, seed: int, visible: bool) -> list[dict[str, Any]]:
+    from perflab.labs.lab05_checks import VISIBLE_FIXED_CASES, fixed_block_cases, observe_fixed
+
+    return observe_fixed(answers["FixedBlock"], VISIBLE_FIXED_CASES if visible else fixed_block_cases(seed))
+
+
 def _probe_measure_compile(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
     from perflab.grading.probing import outcome
+    from perflab.labs.lab05_checks import (
+        measure_compile_cases,
+        observe_measure_compile,
+        observe_reset,
+    )
 
     fn = answers["measure_compile"]
     cases = measure_compile_cases(seed)
@@ -892,8 +520,18 @@ def _probe_measure_compile(answers: Any, seed: int, visible: bool) -> dict[str, 
     return {"cases": [observe_measure_compile(fn, c) for c in cases[1:]], "bad": bad, "reset": observe_reset(fn, seed)}
 
 
+def _probe_compiled(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.labs.lab05_checks import observe_compiled
+
+    choice = answers.get("CHOICE")
+    return {"mode": choice if isinstance(choice, str) else None,
+            "observed": observe_compiled(answers["FixedBlock"], choice if isinstance(choice, str) else "default",
+                                         seed=seed % 1000)}
+
+
 def _probe_break_even(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
     from perflab.grading.probing import outcome
+    from perflab.labs.lab05_checks import BREAK_EVEN_BAD, BREAK_EVEN_VISIBLE, break_even_cases
 
     fn = answers["break_even_steps"]
     cases = BREAK_EVEN_VISIBLE if visible else break_even_cases(seed)
@@ -901,9 +539,11 @@ def _probe_break_even(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
             "bad": [outcome(fn, *args) for args, _ in BREAK_EVEN_BAD]}
 
 
-def _probe_no_recompile(answers: Any, seed: int) -> list[dict[str, Any]]:
-    fn = answers["no_recompile_setup"]
-    return [observe_no_recompile(fn, case) for case in no_recompile_cases(seed)]
+def _probe_no_recompile(answers: Any, seed: int, visible: bool) -> list[dict[str, Any]]:
+    from perflab.labs.lab05_checks import no_recompile_cases, observe_no_recompile
+
+    cases = no_recompile_cases(seed)
+    return [observe_no_recompile(answers["no_recompile_setup"], case) for case in (cases[:1] if visible else cases)]
 
 
 def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
@@ -917,18 +557,14 @@ def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
 PROBES = {
     "test_graph_breaks_visible": _probe_breaks_visible,
     "test_graph_breaks_hidden": _probe_breaks_hidden,
-    "test_fixed_visible": lambda answers, seed: observe_fixed(answers["FixedBlock"], VISIBLE_FIXED_CASES),
-    "test_fixed_hidden": lambda answers, seed: observe_fixed(answers["FixedBlock"], fixed_block_cases(seed)),
+    "test_fixed_visible": lambda answers, seed: _probe_fixed(answers, seed, True),
+    "test_fixed_hidden": lambda answers, seed: _probe_fixed(answers, seed, False),
     "test_measure_compile_visible": lambda answers, seed: _probe_measure_compile(answers, seed, True),
     "test_measure_compile_hidden": lambda answers, seed: _probe_measure_compile(answers, seed, False),
-    "test_compiled_matches_eager": lambda answers, seed: {
-        "mode": answers.get("CHOICE") if isinstance(answers.get("CHOICE"), str) else None,
-        "observed": observe_compiled(answers["FixedBlock"],
-                                     answers.get("CHOICE") if isinstance(answers.get("CHOICE"), str) else "default",
-                                     seed=seed % 1000)},
+    "test_compiled_matches_eager": _probe_compiled,
     "test_break_even_visible": lambda answers, seed: _probe_break_even(answers, seed, True),
     "test_break_even_hidden": lambda answers, seed: _probe_break_even(answers, seed, False),
-    "test_no_recompile_visible": lambda answers, seed: [observe_no_recompile(answers["no_recompile_setup"], no_recompile_cases(seed)[0])],
-    "test_no_recompile_hidden": _probe_no_recompile,
+    "test_no_recompile_visible": lambda answers, seed: _probe_no_recompile(answers, seed, True),
+    "test_no_recompile_hidden": lambda answers, seed: _probe_no_recompile(answers, seed, False),
     "test_choice_verified": _probe_choice,
 }

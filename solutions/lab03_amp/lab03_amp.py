@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, workload
-from perflab.labs import common, lab03
+from perflab.labs import common, lab03, lab03_figures
 from perflab.verify import load_expectation
 
 common.setup_notebook()
@@ -173,11 +173,11 @@ def amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None):
 
 
 # %% [markdown]
-# The checks build small random CNNs (`lab03.Problem`), run a few fixed-seed steps in FP32 with a plain
-# reference step and in each precision with yours, and compare: the first step's loss may differ by
-# rounding only, later ones by the drift rounding causes (`lab03.FIRST_STEP_RTOL`,
-# `lab03.TRAJECTORY_RTOL`). Forward hooks on the convolutions and linear layers check the dtype they
-# really computed in.
+# The checks (in `perflab/labs/lab03_checks.py`) build small random CNNs (`Problem`), run a few
+# fixed-seed steps in FP32 with a plain reference step and in each precision with yours, and compare:
+# the first step's loss may differ by rounding only, later ones by the drift rounding causes
+# (`FIRST_STEP_RTOL`, `TRAJECTORY_RTOL`). Forward hooks on the convolutions and linear layers check
+# the dtype they really computed in.
 
 # %% nbgrader={"grade": true, "grade_id": "test_amp_step_visible", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -290,12 +290,12 @@ census_images, census_labels, _ = census_work.next_batch()
 census_images, census_labels = census_images.to(DEVICE), census_labels.to(DEVICE)
 MODULE_CENSUS = dtype_census(census_work.model, census_images, census_labels, dtype=CENSUS_DTYPE)
 print(f"ResNet-18, forward pass under autocast({DEVICE.type}, {lab03.dtype_name(CENSUS_DTYPE)}):")
-print(lab03.census_table(MODULE_CENSUS))
+print(lab03_figures.census_table(MODULE_CENSUS))
 
 
 # %% [markdown]
 # Module outputs show the forward pass only, and only at module boundaries. To see every operation,
-# backward included, `lab03.op_census` goes one level down: a `TorchDispatchMode` sees each aten
+# backward included, `lab03_figures.op_census` goes one level down: a `TorchDispatchMode` sees each aten
 # operation after autocast has made its choice, and records the dtype it produced. (`_to_copy` is a
 # cast: the price autocast pays at each precision boundary, including casting every weight to the low
 # dtype once per forward pass.)
@@ -306,11 +306,11 @@ def one_step():
                    scaler=lab03.make_scaler(DEVICE.type, CENSUS_DTYPE))
 
 
-OP_CENSUS = lab03.op_census(one_step)
+OP_CENSUS = lab03_figures.op_census(one_step)
 census_work.close()
-print(lab03.census_table(OP_CENSUS))
-lab03.plot_census(OP_CENSUS, title=f"one ResNet-18 training step, autocast {lab03.dtype_name(CENSUS_DTYPE)} "
-                                   f"on {DEVICE.type}")
+print(lab03_figures.census_table(OP_CENSUS))
+lab03_figures.plot_census(OP_CENSUS, title=f"one ResNet-18 training step, autocast "
+                                           f"{lab03.dtype_name(CENSUS_DTYPE)} on {DEVICE.type}")
 plt.show()
 
 # %% [markdown]
@@ -332,13 +332,13 @@ plt.show()
 
 # %%
 PRECISIONS = ["fp32", *LOW]
-CURVES = lab03.loss_curves(amp_train_step, PRECISIONS, steps=S.curve_steps,
-                           progress=lambda it: common.progress(it, desc="steps"))
-CURVE_SUMMARY = lab03.curve_summary(CURVES)
+CURVES = lab03_figures.loss_curves(amp_train_step, PRECISIONS, steps=S.curve_steps,
+                                   progress=lambda it: common.progress(it, desc="steps"))
+CURVE_SUMMARY = lab03_figures.curve_summary(CURVES)
 for name, row in CURVE_SUMMARY.items():
     print(f"{name:>5}: first loss {row['first']:.4f}, last {row['last']:.4f}, largest gap to fp32 "
           f"{row['max_abs_gap']:.4f} ({row['max_rel_gap']:.1%}), all finite: {row['finite']}")
-lab03.plot_loss_curves(CURVES, title=f"ResNet-18 on {S.data} data, {S.curve_steps} steps, {DEVICE.type}")
+lab03_figures.plot_loss_curves(CURVES, title=f"ResNet-18 on {S.data} data, {S.curve_steps} steps, {DEVICE.type}")
 plt.show()
 
 # %% [markdown]
@@ -364,7 +364,7 @@ plt.show()
 #   cell below times an `n x n` matmul against an `(n-1) x (n-1)` one in each precision.
 
 # %%
-MATMUL = lab03.matmul_shapes(S.matmul_size, ["fp32", *LOW], device=str(DEVICE))
+MATMUL = lab03_figures.matmul_shapes(S.matmul_size, ["fp32", *LOW], device=str(DEVICE))
 for row in MATMUL:
     print(f"{row['dtype']:>5} n={row['n']:>5}: {row['seconds'] * 1e3:8.3f} ms  {row['tflops']:7.3f} TFLOP/s")
 
@@ -376,12 +376,13 @@ for row in MATMUL:
 
 # %%
 CANDIDATES = lab03.candidate_configs()
-COMPARISONS = lab03.compare_precisions(CANDIDATES, progress=lambda it: common.progress(it, desc="settings"))
+COMPARISONS = lab03_figures.compare_precisions(CANDIDATES,
+                                               progress=lambda it: common.progress(it, desc="settings"))
 for name, comparison in COMPARISONS.items():
     ci = comparison.ci()
     print(f"{name:>20}: {comparison.speedup:5.2f}x  (95% CI {ci.low:.2f}-{ci.high:.2f}, {comparison.verdict()})")
-lab03.plot_speedups(COMPARISONS, bar=EXPECTATION.threshold,
-                    title=f"speedup over FP32, {INFO.device_name} ({S.mode} mode)")
+lab03_figures.plot_speedups(COMPARISONS, bar=EXPECTATION.threshold,
+                            title=f"speedup over FP32, {INFO.device_name} ({S.mode} mode)")
 plt.show()
 
 # %% [markdown]
@@ -493,7 +494,7 @@ assert lab03.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # the loss curves and the dtype census.
 
 # %%
-speedups = lab03.speedup_rows(COMPARISONS)
+speedups = lab03_figures.speedup_rows(COMPARISONS)
 for row in speedups:
     if CANDIDATES[row["name"]] == AMP_CONFIG:
         row["claimed"] = CLAIM

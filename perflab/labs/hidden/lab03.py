@@ -3,10 +3,10 @@ and the grading sandbox leave this module out.
 
 Each judge in `JUDGES` decides one autograded cell from what the lab's probe
 (`perflab.labs.lab03.PROBES`) returned: it draws the same problems from the grader's seed, computes
-the FP32 references and the expected census here (`lab03.*_from`), and raises AssertionError with the
-student's feedback line on the first problem. AMP_CONFIG's correctness run and its re-measurement
-happen here too. A solution notebook's hidden blocks run probe and judge in-process with
-`check(grade_id, globals())`.
+the FP32 references and the expected census here (`perflab.labs.lab03_checks.*_from`), and raises
+AssertionError with the student's feedback line on the first problem. AMP_CONFIG's correctness run
+and its re-measurement happen here too. A solution notebook's hidden blocks run probe and judge
+in-process with `check(grade_id, globals())`.
 """
 
 from __future__ import annotations
@@ -23,15 +23,9 @@ from torch import nn
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab03
-from perflab.labs.lab03 import (
-    CENSUS_FILE,
-    _one_thread,
-    as_dtype,
-    census_case,
-    census_inputs,
-    dtype_name,
-)
+from perflab.labs import lab03, lab03_checks
+from perflab.labs.lab03 import as_dtype, dtype_name
+from perflab.labs.lab03_checks import CENSUS_FILE, census_case, census_inputs, one_thread
 from perflab.workload import TrainConfig
 
 # The problems of the visible census check (`census_problems(dtype_census, 5, dtype)` on the CPU):
@@ -78,16 +72,16 @@ def _expected_census(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     return {name: dict(c) for name, c in counts.items()}
 
 
-@_one_thread
+@one_thread
 def expected_census(seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
                     resnet: bool = False) -> dict[str, dict[str, int]]:
-    """The reference census of one census problem (`lab03.census_inputs`): what `census_problems` expects."""
+    """The reference census of one census problem (`lab03_checks.census_inputs`): what `census_problems` expects."""
     model, images, labels, _ = census_inputs(seed, device, resnet)
     return _expected_census(model, images, labels, as_dtype(dtype))
 
 
 def visible_census() -> dict[str, Any]:
-    """CENSUS_FILE's content: the reference census of each visible problem, by `lab03.census_case`."""
+    """CENSUS_FILE's content: the reference census of each visible problem, by `lab03_checks.census_case`."""
     cases = {census_case(seed, dtype): expected_census(seed, dtype) for seed, dtype in VISIBLE_CENSUS_CASES}
     return {"about": "expected dtype_census of the visible census check's problems (small CNNs on the CPU); "
                      "written by the grader's perflab/labs/hidden/lab03.py (write_visible_census)",
@@ -95,7 +89,7 @@ def visible_census() -> dict[str, Any]:
 
 
 def write_visible_census(path: str | Path = CENSUS_FILE) -> Path:
-    """Write `visible_census()` to `path` (default: lab03.CENSUS_FILE, shipped beside lab03.py)."""
+    """Write `visible_census()` to `path` (default: lab03_checks.CENSUS_FILE, shipped beside it)."""
     path = Path(path)
     path.write_text(json.dumps(visible_census(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -114,8 +108,8 @@ def _step(observed: Any, seed: int, device: str) -> None:
     for dtype in lab03.STEP_DTYPES:
         part = observed.get(dtype_name(dtype))
         assert isinstance(part, Mapping), f"no result at {dtype_name(dtype)}"
-        _first(lab03.parity_from(part.get("parity"), seed, dtype, device=device)
-               or lab03.low_precision_from(part.get("low"), seed, dtype, device=device))
+        _first(lab03_checks.parity_from(part.get("parity"), seed, dtype, device=device)
+               or lab03_checks.low_precision_from(part.get("low"), seed, dtype, device=device))
 
 
 def judge_step_visible(observed: Any, ctx: Context) -> None:
@@ -132,7 +126,7 @@ def judge_step_hidden(observed: Any, ctx: Context) -> None:
 
 
 def judge_scaler(observed: Any, ctx: Context) -> None:
-    _first(lab03.scaler_from(observed.get("visible"), lab03.VISIBLE_SCALER_SEED))
+    _first(lab03_checks.scaler_from(observed.get("visible"), lab03.VISIBLE_SCALER_SEED))
     hidden = observed.get("hidden")
     assert isinstance(hidden, Mapping), "no result for the random problems"
     for device in lab03.devices():
@@ -140,13 +134,13 @@ def judge_scaler(observed: Any, ctx: Context) -> None:
         seeds = lab03.problems_for(ctx.seed, lab03.HIDDEN_SCALER_PROBLEMS)
         assert isinstance(runs, list) and len(runs) == len(seeds), f"no result for every problem on {device}"
         for s, run in zip(seeds, runs, strict=True):
-            _first(lab03.scaler_from(run, s, device=device))
+            _first(lab03_checks.scaler_from(run, s, device=device))
 
 
 def judge_census_visible(observed: Any, ctx: Context) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         s = lab03.VISIBLE_CENSUS_SEED
-        _first(lab03.census_from(observed.get(dtype_name(dtype)), s, dtype, expected=expected_census(s, dtype)))
+        _first(lab03_checks.census_from(observed.get(dtype_name(dtype)), s, dtype, expected=expected_census(s, dtype)))
 
 
 def judge_census_hidden(observed: Any, ctx: Context) -> None:
@@ -159,13 +153,13 @@ def judge_census_hidden(observed: Any, ctx: Context) -> None:
         for s, run in zip(seeds, small, strict=True):
             assert isinstance(run, Mapping), "no result"
             for dtype in lab03.STEP_DTYPES:
-                _first(lab03.census_from(run.get(dtype_name(dtype)), s, dtype, device=device,
-                                         expected=expected_census(s, dtype, device=device)))
+                _first(lab03_checks.census_from(run.get(dtype_name(dtype)), s, dtype, device=device,
+                                                expected=expected_census(s, dtype, device=device)))
         resnet = part.get("resnet")
         assert isinstance(resnet, Mapping), "no result for ResNet-18"
         for dtype in lab03.LOW_PRECISION:
-            _first(lab03.census_from(resnet.get(dtype_name(dtype)), ctx.seed, dtype, device=device, resnet=True,
-                                     expected=expected_census(ctx.seed, dtype, device=device, resnet=True)))
+            _first(lab03_checks.census_from(resnet.get(dtype_name(dtype)), ctx.seed, dtype, device=device, resnet=True,
+                                            expected=expected_census(ctx.seed, dtype, device=device, resnet=True)))
 
 
 def exported_config(observed: Any) -> TrainConfig:
@@ -186,7 +180,7 @@ def _claim(observed: Mapping[str, Any]) -> float | None:
 
 def judge_config(observed: Any, ctx: Context) -> None:
     config = exported_config(observed)
-    _first(lab03.config_problems(config, ctx.mode) or lab03.config_parity_problems(config, ctx.mode))
+    _first(lab03.config_problems(config, ctx.mode) or lab03_checks.config_parity_problems(config, ctx.mode))
     assert _claim(observed) is not None, (f"CLAIM: a positive number (your measured speedup), got "
                                           f"{observed.get('claim')!r}")
 

@@ -21,8 +21,9 @@ import torch
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab05
-from perflab.labs.lab05 import BrokenBlock, quiet
+from perflab.labs import lab05, lab05_checks
+from perflab.labs.lab05 import BrokenBlock
+from perflab.labs.lab05_dynamo import quiet
 
 # Outputs of the fixed block against the original, both eager: the rewrite computes the same
 # float32 operations, so only np.interp (float64, then rounded) differs, by an ulp or so.
@@ -99,7 +100,7 @@ def judge_breaks_visible(observed: Any, ctx: Context) -> None:
 
 
 def judge_breaks_hidden(observed: Any, ctx: Context) -> None:
-    cases = lab05.break_cases(ctx.seed)
+    cases = lab05_checks.break_cases(ctx.seed)
     assert isinstance(observed, list) and len(observed) == len(cases), "no result for every function"
     for (target, x), got in zip(cases, observed, strict=True):
         name = getattr(target, "__name__", type(target).__name__)
@@ -115,24 +116,24 @@ def _fixed(observed: Any, cases: list[Mapping[str, Any]]) -> None:
         assert isinstance(got, dict), f"{where}: no result"
         if "raised" in got:
             raise AssertionError(f"{where}: FixedBlock raised {got['raised']}: {got.get('message', '')}")
-        original, _ = lab05.paired_for(BrokenBlock, case)
+        original, _ = lab05_checks.paired_for(BrokenBlock, case)
         with quiet():
-            want = original(lab05._case_input(case))
+            want = original(lab05_checks.case_input(case))
         breaks = got.get("breaks")
         assert breaks == 0, (f"{where}: FixedBlock still has {breaks} graph break(s): "
                              + "; ".join(map(str, got.get("reasons") or [])))
-        out = lab05._tensor(got.get("output"))
+        out = lab05_checks.decoded_tensor(got.get("output"))
         assert out is not None and out.shape == want.shape, f"{where}: output shape differs from {tuple(want.shape)}"
         assert torch.allclose(out, want, rtol=FIXED_RTOL, atol=FIXED_ATOL), (
             f"{where}: outputs differ from BrokenBlock's by up to {(out - want).abs().max().item():.3g}")
 
 
 def judge_fixed_visible(observed: Any, ctx: Context) -> None:
-    _fixed(observed, list(lab05.VISIBLE_FIXED_CASES))
+    _fixed(observed, list(lab05_checks.VISIBLE_FIXED_CASES))
 
 
 def judge_fixed_hidden(observed: Any, ctx: Context) -> None:
-    _fixed(observed, lab05.fixed_block_cases(ctx.seed))
+    _fixed(observed, lab05_checks.fixed_block_cases(ctx.seed))
 
 
 def _measure(got: Any, case: Mapping[str, Any]) -> None:
@@ -158,11 +159,11 @@ def _measure(got: Any, case: Mapping[str, Any]) -> None:
 
 def judge_measure_visible(observed: Any, ctx: Context) -> None:
     (got,) = observed.get("cases") or [None]
-    _measure(got, lab05.measure_compile_cases(ctx.seed)[0])
+    _measure(got, lab05_checks.measure_compile_cases(ctx.seed)[0])
 
 
 def judge_measure_hidden(observed: Any, ctx: Context) -> None:
-    cases = lab05.measure_compile_cases(ctx.seed)[1:]
+    cases = lab05_checks.measure_compile_cases(ctx.seed)[1:]
     got = observed.get("cases")
     assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
     for case, one in zip(cases, got, strict=True):
@@ -180,7 +181,7 @@ def judge_measure_hidden(observed: Any, ctx: Context) -> None:
 def judge_compiled(observed: Any, ctx: Context) -> None:
     mode = observed.get("mode")
     mode = mode if isinstance(mode, str) and mode in lab05.COMPILE_MODES else "default"
-    lab05.compiled_from(observed.get("observed"), mode, seed=ctx.seed % 1000)
+    lab05_checks.compiled_from(observed.get("observed"), mode, seed=ctx.seed % 1000)
 
 
 def _break_even(observed: Any, cases: Any) -> None:
@@ -194,19 +195,19 @@ def _break_even(observed: Any, cases: Any) -> None:
             f"break_even_steps({c!r}, {e!r}, {k!r}) = {value!r}, expected {want!r}"
             + (" (no saving per step: it never pays, math.inf)" if want == math.inf else ""))
     bad = observed.get("bad")
-    assert isinstance(bad, list) and len(bad) == len(lab05.BREAK_EVEN_BAD), "no result for the bad arguments"
-    for (args, name), got in zip(lab05.BREAK_EVEN_BAD, bad, strict=True):
+    assert isinstance(bad, list) and len(bad) == len(lab05_checks.BREAK_EVEN_BAD), "no result for the bad arguments"
+    for (args, name), got in zip(lab05_checks.BREAK_EVEN_BAD, bad, strict=True):
         assert isinstance(got, dict) and got.get("raised") == "ValueError", (
             f"break_even_steps{args} should raise ValueError naming {name}")
         assert name in str(got.get("message", "")), f"break_even_steps{args}: the error should name {name}: {got.get('message')}"
 
 
 def judge_break_even_visible(observed: Any, ctx: Context) -> None:
-    _break_even(observed, lab05.BREAK_EVEN_VISIBLE)
+    _break_even(observed, lab05_checks.BREAK_EVEN_VISIBLE)
 
 
 def judge_break_even_hidden(observed: Any, ctx: Context) -> None:
-    _break_even(observed, lab05.break_even_cases(ctx.seed))
+    _break_even(observed, lab05_checks.break_even_cases(ctx.seed))
 
 
 def _no_recompile(observed: Any, cases: list[Mapping[str, int]]) -> None:
@@ -229,7 +230,7 @@ def _no_recompile(observed: Any, cases: list[Mapping[str, int]]) -> None:
                                         torch.nn.Linear(16, case["classes"]))
         with torch.no_grad():
             want = model(data.x[:batch])
-        out = lab05._tensor(got.get("output"))
+        out = lab05_checks.decoded_tensor(got.get("output"))
         assert out is not None and out.shape == want.shape and torch.allclose(out, want, atol=1e-5), (
             f"{where}: the compiled model's outputs differ from the model's")
         seen = got.get("epochs")
@@ -245,11 +246,11 @@ def _no_recompile(observed: Any, cases: list[Mapping[str, int]]) -> None:
 
 
 def judge_no_recompile_visible(observed: Any, ctx: Context) -> None:
-    _no_recompile(observed, lab05.no_recompile_cases(ctx.seed)[:1])
+    _no_recompile(observed, lab05_checks.no_recompile_cases(ctx.seed)[:1])
 
 
 def judge_no_recompile_hidden(observed: Any, ctx: Context) -> None:
-    _no_recompile(observed, lab05.no_recompile_cases(ctx.seed))
+    _no_recompile(observed, lab05_checks.no_recompile_cases(ctx.seed))
 
 
 def judge_choice(observed: Any, ctx: Context) -> Mark:
