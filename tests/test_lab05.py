@@ -317,3 +317,10 @@ def test_a_compiling_candidate_is_verified_not_called_tampering() -> None:
 def test_hidden_checks_live_apart() -> None:
     for name in ("reference_break_even", "reference_breaks", "JUDGES"):
         assert not hasattr(lab05, name) and hasattr(hidden05, name), name
+
+
+def test_a_break_even_is_stated_only_from_a_gain_whose_ci_excludes_1() -> None:
+    assert lab05.break_even_here(175_616, (1.02, 1.09)) == (175_616, "pays off after 175,616 steps")
+    steps, words = lab05.break_even_here(175_616, (0.97, 1.09))  # a point estimate the CI does not confirm
+    assert steps is None and words.startswith("no measurable gain: never pays off here") and "0.97-1.09x" in words
+    assert lab05.break_even_here(math.inf, (0.8, 0.9)) == (None, "never pays off here (the compiled step is no faster)")

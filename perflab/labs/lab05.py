@@ -59,6 +59,7 @@ answers in the grader-only `perflab/labs/hidden/lab05.py`.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -365,6 +366,18 @@ def _fmt(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+def break_even_here(steps: float, speedup_ci: tuple[float, float]) -> tuple[int | None, str]:
+    """What a break-even step count says, given the steady-state speedup's 95% CI: (the steps after which
+    compiling pays, or None when it never measurably does; the words to show). A step count is only
+    stated when the CI excludes 1: a saving the measurement does not confirm has no break-even point."""
+    low, high = speedup_ci
+    if steps == math.inf:
+        return None, "never pays off here (the compiled step is no faster)"
+    if low <= 1.0:
+        return None, f"no measurable gain: never pays off here (speedup CI {low:.2f}-{high:.2f}x includes 1)"
+    return int(steps), f"pays off after {int(steps):,} steps"
 
 
 def total_seconds(timing: CompileTiming, steps: int) -> float:

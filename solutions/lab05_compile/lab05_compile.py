@@ -505,25 +505,19 @@ print("break_even_steps: random measurements")
 
 # %% nbgrader={"grade": false, "grade_id": "break-even-here", "locked": true, "schema_version": 3, "solution": false, "task": false}
 GRADED_TIMINGS = RESNET_TIMINGS if WORKLOAD == "resnet18" else TIMINGS
-BREAK_EVEN, STEADY = {}, {}
+BREAK_EVEN, STEADY = {}, {}  # BREAK_EVEN: steps after which compiling pays, None where it never measurably does
 for mode, comparison in GRADED_COMPARISONS.items():
     compile_seconds = GRADED_TIMINGS[mode].compile_seconds
     eager_step, compiled_step = comparison.a_per_call, comparison.b_per_call
     STEADY[mode] = (compile_seconds, eager_step, compiled_step)
-    n = break_even_steps(compile_seconds, eager_step, compiled_step)
-    BREAK_EVEN[mode] = n
     interval = comparison.ci()
-    low, high = interval.low, interval.high
-    if n == math.inf:
-        words = "never (no steady-state saving)"
-    elif low <= 1.0:  # a saving the CI does not confirm: the break-even point is noise
-        words = f"not shown (the saving is within noise: speedup CI {low:.2f}-{high:.2f}x includes 1)"
-    else:
-        words = f"after {n:,} steps"
+    # your function's step count, stated only where the speedup's CI excludes 1 (else it is noise)
+    BREAK_EVEN[mode], words = lab05.break_even_here(break_even_steps(compile_seconds, eager_step, compiled_step),
+                                                    (interval.low, interval.high))
     print(f"{mode:>15}: compile {compile_seconds:.1f} s, step {compiled_step * 1e3:.2f} ms vs eager "
-          f"{eager_step * 1e3:.2f} ms -> pays {words}")
+          f"{eager_step * 1e3:.2f} ms -> {words}")
 
-finite = [n for mode, n in BREAK_EVEN.items() if n != math.inf and GRADED_COMPARISONS[mode].ci().low > 1.0]
+finite = [n for n in BREAK_EVEN.values() if n is not None]
 horizon = int(max(finite) * 2) if finite else 10_000
 runs = np.linspace(0, horizon, 200)
 fig, ax = plt.subplots(figsize=(7, 3.5), layout="constrained")
@@ -531,7 +525,7 @@ eager_rate = min(e for _, e, _ in STEADY.values()) if STEADY else GRADED_TIMINGS
 ax.plot(runs, runs * eager_rate, label="eager", color="black")
 for mode, (compile_seconds, _, compiled_step) in STEADY.items():
     ax.plot(runs, compile_seconds + runs * compiled_step, label=f"compile {mode}")
-    if BREAK_EVEN[mode] != math.inf and GRADED_COMPARISONS[mode].ci().low > 1.0:
+    if BREAK_EVEN[mode] is not None:
         ax.axvline(BREAK_EVEN[mode], linestyle=":", color="0.5")
 ax.set(xlabel="steps in the run", ylabel="wall time (s)", title=f"When compiling pays ({WORKLOAD})")
 ax.legend()
@@ -679,7 +673,6 @@ if warm:
 lab05.report(VERDICT, EXPECTATION)
 assert lab05.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 
-
 # %% [markdown] nbgrader={"grade": false, "grade_id": "answer_modes_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Question 1 (5 points).** For each mode you timed: what did it cost to compile, and what did it
 # give per step (quote your speedups and their CIs)? Which did you choose, and why? What would you
@@ -736,10 +729,6 @@ assert lab05.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # break-even, graph breaks before and after, recompiles, and your verified choice.
 
 # %% nbgrader={"grade": false, "grade_id": "save-results", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def _steps_or_never(n):
-    return None if n == math.inf else int(n)
-
-
 with lab05.quiet():
     FIXED_BREAKS = torch._dynamo.explain(FixedBlock(16))(torch.randn(8, 16)).graph_break_count
 speedup_rows = [{**c.as_speedup(f"compile {mode} (steady state)"), "claimed": c.speedup}
@@ -753,8 +742,8 @@ path = common.save_results(lab05.LAB, {
         "modes": {name: t.to_dict() for name, t in GRADED_TIMINGS.items()},
         "small_model": {name: t.to_dict() for name, t in TIMINGS.items()},
         "steady_interleaved": {mode: {"eager_step": e, "compiled_step": k} for mode, (_, e, k) in STEADY.items()},
-        "break_even_steps": {mode: _steps_or_never(n) for mode, n in BREAK_EVEN.items()},
-        "never_pays": [mode for mode, n in BREAK_EVEN.items() if n == math.inf],
+        "break_even_steps": dict(BREAK_EVEN),
+        "never_pays": [mode for mode, n in BREAK_EVEN.items() if n is None],
         "choice": CHOICE,
     },
     "graph_breaks": {"before": explained.graph_break_count, "after": FIXED_BREAKS,
