@@ -232,3 +232,23 @@ def test_a_cell_that_hit_a_limit_is_reported_by_the_limit_not_its_own_exception(
     plain = new_code_cell("1/0", outputs=[new_output("error", ename="ZeroDivisionError", evalue="division by zero",
                                                      traceback=[])])
     assert worker.first_error(plain) == ("ZeroDivisionError", "division by zero")
+
+
+def test_the_students_results_file_gets_the_graders_verdicts_and_stays_valid() -> None:
+    """The kernel's verification row says "deferred"; the results file kept for the student's report
+    holds the grader's re-measurement instead (lab 4: with the activation memory it measured)."""
+    from perflab import results
+
+    doc = results.make("lab04_memory", {
+        "speedups": [{"name": "checkpoint every stage", "speedup": 0.8, "ci": [0.7, 0.9], "verdict": "deferred"}],
+        "verification": [{"name": "checkpoint_stages", "verdict": "deferred", "reason": "re-measured by the grader"}]},
+        machine={"device": "cpu", "hardware_class": "cpu-bf16"})
+    verdict = {"name": "checkpoint_stages", "verdict": "pass", "speedup": 0.76, "ci": [0.74, 0.79], "reason": "clears",
+               "activation_bytes": {"baseline": 3_722_436, "candidate": 1_795_268}}
+    graded = json.loads(pipeline.with_grader_verdicts(json.dumps(doc), [verdict]))
+    results.validate(graded)
+    (row,) = graded["sections"]["verification"]
+    assert row == {"name": "checkpoint_stages", "verdict": "pass", "reason": "clears", "speedup": 0.76,
+                   "ci": [0.74, 0.79], "activation_bytes": {"baseline": 3_722_436, "candidate": 1_795_268}}
+    assert graded["sections"]["speedups"][0]["verdict"] == "pass"
+    assert pipeline.with_grader_verdicts("not json", [verdict]) == "not json"

@@ -787,6 +787,8 @@ def with_grader_verdicts(text: str, verdicts: list[dict[str, Any]]) -> str:
         new = {"name": v["name"], "verdict": v.get("verdict"), "reason": v.get("reason") or ""}
         if v.get("speedup") is not None and v.get("ci"):
             new.update(speedup=v["speedup"], ci=list(v["ci"]))
+        if isinstance(v.get("activation_bytes"), dict):  # lab 4: what the checkpoint keeps, re-measured
+            new["activation_bytes"] = dict(v["activation_bytes"])
         graded.append(new)
     doc["sections"]["verification"] = graded
     speedups = doc["sections"].get("speedups")
