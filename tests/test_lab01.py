@@ -14,7 +14,7 @@ from torch import nn
 
 from perflab.grading import judging
 from perflab.grading.probing import run_probes
-from perflab.labs import lab01
+from perflab.labs import lab01, lab01_checks
 from perflab.labs.hidden import lab01 as hidden01
 
 LAB = lab01.LAB
@@ -99,7 +99,7 @@ def test_reference_answers_pass_every_judge(solution: dict[str, Any], grade_id: 
 def test_bottleneck_here_reads_the_students_verdict_at_the_graders_measurement(solution, monkeypatch) -> None:
     far = {"data": 0.9, "h2d": 0.0, "forward": 0.05, "backward": 0.04, "optimizer": 0.01}
     config = lab01.lab_config("tiny")
-    layers = lab01.lab_layers(config)
+    layers = lab01_checks.lab_layers(config)
     measured = {"phase_seconds": far, "layers": layers, "peak_flops": 1e11, "peak_bandwidth": 1e10}
     monkeypatch.setattr(hidden01, "grader_measurement", lambda config, steps=3: measured)
     assert _mark("bottleneck_here", solution).fraction == 1.0
@@ -292,9 +292,15 @@ def test_layer_calls_sees_every_conv_and_linear_of_resnet18() -> None:
 def test_the_model_flops_reference_handles_a_batch_of_one_at_32_px() -> None:
     # A grade seed may draw batch 1 at 32 px: ResNet-18's last stage is then 1x1, which BatchNorm
     # cannot normalise in train mode; the reference counts in eval mode (the same FLOPs).
-    seed = next(s for s in range(10_000) if lab01.model_flops_case(s)["shape"][:1] == [1]
-                and lab01.model_flops_case(s)["shape"][2] == 32)
-    case = lab01.model_flops_case(seed)
-    resnet = lab01.build_flops_models(case)[0]
+    seed = next(s for s in range(10_000) if lab01_checks.model_flops_case(s)["shape"][:1] == [1]
+                and lab01_checks.model_flops_case(s)["shape"][2] == 32)
+    case = lab01_checks.model_flops_case(seed)
+    resnet = lab01_checks.build_flops_models(case)[0]
     assert hidden01._flop_counter(resnet, torch.zeros(case["shape"])) > 0
     assert resnet.training, "the model comes back in the mode it was in"
+
+
+def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
+    assert lab01.trace_names is lab01_checks.trace_names and lab01.VISIBLE_TIMER is lab01_checks.VISIBLE_TIMER
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        lab01.not_a_name  # noqa: B018

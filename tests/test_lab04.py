@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from perflab import workload
 from perflab.counting import restoring_buffers
-from perflab.labs import lab04
+from perflab.labs import lab04, lab04_checks, lab04_measure
 from perflab.labs.hidden import lab04 as hidden04
 
 LAB = lab04.LAB
@@ -89,8 +89,8 @@ def assert_fails(grade_id: str, function, seed: int, match: str) -> None:
 def test_a_correct_checkpoint_passes_and_saves_what_the_reference_saves() -> None:
     for grade_id in ("checkpoint_visible", "checkpoint_hidden", "checkpoint_batchnorm"):
         assert_full(grade_id, good_checkpoint, seed=11)
-    seen = lab04.observe_checkpoint(good_checkpoint, 11)
-    for got, case in zip(seen["hidden"], lab04.checkpoint_cases(11), strict=True):
+    seen = lab04_checks.observe_checkpoint(good_checkpoint, 11)
+    for got, case in zip(seen["hidden"], lab04_checks.checkpoint_cases(11), strict=True):
         assert got["saved"] == hidden04._reference_saved(case), case.name
 
 
@@ -240,12 +240,12 @@ def test_accumulation_without_weights_or_stale_gradients_cleared_fails() -> None
 
 
 def test_memory_model_is_affine_and_checkpointing_lowers_its_slope() -> None:
-    plain = lab04.memory_model(lab04.resnet18(10), 64)
-    ckpt = lab04.memory_model(good_checkpoint(lab04.resnet18(10), lab04.STAGES), 64)
+    plain = lab04_measure.memory_model(lab04.resnet18(10), 64)
+    ckpt = lab04_measure.memory_model(good_checkpoint(lab04.resnet18(10), lab04.STAGES), 64)
     batches = [1, 2, 3, 5]
-    intercept, slope = lab04.fit_line(batches, [plain.activations(b) for b in batches])
+    intercept, slope = lab04_measure.fit_line(batches, [plain.activations(b) for b in batches])
     assert all(abs(plain.activations(b) - (intercept + slope * b)) < 1e-6 * slope for b in batches)
-    _, ckpt_slope = lab04.fit_line(batches, [ckpt.activations(b) for b in batches])
+    _, ckpt_slope = lab04_measure.fit_line(batches, [ckpt.activations(b) for b in batches])
     assert 0.3 * slope < ckpt_slope < 0.7 * slope
     assert plain.static_bytes == ckpt.static_bytes == 3 * sum(p.numel() * 4 for p in plain.model.parameters())
     calls = plain.calls
@@ -255,7 +255,7 @@ def test_memory_model_is_affine_and_checkpointing_lowers_its_slope() -> None:
 
 def test_memory_model_explains_batchnorm_at_one_sample_of_32_px() -> None:
     with pytest.raises(ValueError, match="at least 64 px"):
-        lab04.memory_model(lab04.resnet18(10), 32)(1)
+        lab04_measure.memory_model(lab04.resnet18(10), 32)(1)
 
 
 def test_source_of_a_class_defined_in_a_notebook_cell() -> None:
@@ -405,7 +405,7 @@ def test_a_checkpoint_that_saves_nothing_earns_nothing_for_its_time_cost() -> No
 def test_the_reference_checkpoint_passes_whatever_threads_the_sandbox_has(seed: int, monkeypatch) -> None:
     """The grader draws a fresh seed per submission and runs the student's program in a sandbox whose torch
     thread count need not be the grading process's: a correct checkpoint passes on every seed. Before both
-    sides ran on lab04.OBSERVATION_THREADS, seeds 0-3, 5 and 10 failed it with the program on 1 thread and
+    sides ran on lab04_checks.OBSERVATION_THREADS, seeds 0-3, 5 and 10 failed it with the program on 1 thread and
     the judge on 2 (ResNet-18 at batch 2 in train mode; a conv bias before BatchNorm, whose gradient is
     rounding noise)."""
     run_here = hidden04._run_here
@@ -481,3 +481,10 @@ def test_the_grader_remeasures_what_checkpointing_buys_on_the_workload(tiny_data
     assert sneaky.fraction == 0.0 and sneaky.verdict["verdict"] == "fail", sneaky.message
     assert "at least 80% of that reduction is required" in sneaky.message
     assert sneaky.verdict["activation_bytes"]["candidate"] == sneaky.verdict["activation_bytes"]["baseline"]
+
+
+def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
+    assert lab04.memory_model is lab04_measure.memory_model and lab04.fit_line is lab04_measure.fit_line
+    assert lab04.observe_checkpoint is lab04_checks.observe_checkpoint
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        lab04.not_a_name  # noqa: B018

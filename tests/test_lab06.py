@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from perflab import env, results
-from perflab.labs import common, lab06
+from perflab.labs import common, lab06, lab06_checks, lab06_measure, lab06_report
 from perflab.labs.hidden import lab06 as hidden06
 from perflab.workload import TrainConfig
 
@@ -150,18 +150,18 @@ def test_visible_example_is_against_the_original_baseline() -> None:
 def test_stored_rows_are_the_reference_rows(tmp_path) -> None:
     """The visible check's stored rows are what the hidden reference computes (rewrite them with
     `python -m perflab.labs.hidden.lab06` after a change to the contract or to numpy)."""
-    stored = json.loads(lab06.CUMULATIVE_FILE.read_text(encoding="utf-8"))
+    stored = json.loads(lab06_checks.CUMULATIVE_FILE.read_text(encoding="utf-8"))
     assert stored["cases"] == hidden06.visible_cumulative()["cases"]
     path = hidden06.write_visible_cumulative(tmp_path / "rows.json")
     example = hidden06.VISIBLE_EXAMPLES[0]
-    assert lab06.stored_cumulative(example, path=path) == lab06.stored_cumulative(example)
+    assert lab06_checks.stored_cumulative(example, path=path) == lab06_checks.stored_cumulative(example)
 
 
 def test_visible_check_uses_the_stored_rows() -> None:
     example = hidden06.VISIBLE_EXAMPLES[0]
     assert lab06.cumulative_problems(good_cumulative, example) == []
     assert lab06.cumulative_problems(median_cumulative, example)
-    wrong = [dict(row, speedup=row["speedup"] * 1.01) for row in lab06.stored_cumulative(example)]
+    wrong = [dict(row, speedup=row["speedup"] * 1.01) for row in lab06_checks.stored_cumulative(example)]
     assert "expected" in lab06.cumulative_problems(good_cumulative, example, wrong)[0]
     with pytest.raises(ValueError, match="no stored rows"):
         lab06.cumulative_problems(good_cumulative, {"baseline": [1.0, 1.1], "+ x": [0.5, 0.5]})
@@ -189,7 +189,7 @@ def test_random_measurements_are_valid_and_vary() -> None:
     rng = random.Random(5)
     seen = set()
     for _ in range(20):
-        m = lab06.random_measurements(rng)
+        m = lab06_checks.random_measurements(rng)
         lengths = {len(v) for v in m.values()}
         assert len(lengths) == 1 and min(min(v) for v in m.values()) > 0
         seen.add(len(m))
@@ -255,7 +255,7 @@ def test_plan_follows_calibration_and_hardware() -> None:
 
 
 def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lab06, "needs_checkpointing", lambda config, info=None: False)
+    monkeypatch.setattr(lab06_measure, "needs_checkpointing", lambda config, info=None: False)
     base = lab06.baseline_config("tiny")
     assert lab06.reference_final("tiny", _machine(), expectations=_bars({})) == base
     final = lab06.reference_final("tiny", _machine(bf16=True),
@@ -281,7 +281,7 @@ def test_accuracy_tolerance_and_gate() -> None:
 
 def test_memory_lines_are_affine_and_checkpointing_flattens_them() -> None:
     config = TrainConfig(image_size=32)
-    rows = lab06.memory_vs_batch(config, (2, 4, 8), num_classes=4)
+    rows = lab06_measure.memory_vs_batch(config, (2, 4, 8), num_classes=4)
     plain = [r["bytes"] for r in rows if not r["checkpointed"]]
     ckpt = [r["bytes"] for r in rows if r["checkpointed"]]
     assert plain == sorted(plain) and ckpt == sorted(ckpt)
@@ -289,14 +289,14 @@ def test_memory_lines_are_affine_and_checkpointing_flattens_them() -> None:
     per_image = (plain[2] - plain[1]) / 4
     assert math.isclose(plain[1] - plain[0], 2 * per_image, rel_tol=0.05)
     budget = plain[0] + 100 * per_image
-    assert 95 <= lab06.largest_batch(rows, budget, False) <= 105
-    assert lab06.largest_batch(rows, budget, True) > lab06.largest_batch(rows, budget, False)
+    assert 95 <= lab06_measure.largest_batch(rows, budget, False) <= 105
+    assert lab06_measure.largest_batch(rows, budget, True) > lab06_measure.largest_batch(rows, budget, False)
     with pytest.raises(ValueError, match="batch_sizes"):
-        lab06.training_memory(config, [1])
+        lab06_measure.training_memory(config, [1])
 
 
 def test_step_stat_derives_from_block_times() -> None:
-    out = lab06.step_stat([0.2, 0.22, 0.21, 0.4], block_steps=2, batch_size=8)
+    out = lab06_measure.step_stat([0.2, 0.22, 0.21, 0.4], block_steps=2, batch_size=8)
     st, tp = out["step_time"], out["throughput"]
     assert math.isclose(st["median"], float(np.quantile([0.1, 0.11, 0.105, 0.2], lab06.QUANTILE)))
     assert st["ci"][0] <= st["median"] <= st["ci"][1] and tp["ci"][0] <= tp["median"] <= tp["ci"][1]
@@ -311,12 +311,12 @@ def _notebook(tmp_path, text: str | list[str]) -> str:
 
 
 def test_read_analysis(tmp_path) -> None:
-    assert lab06.read_analysis(_notebook(tmp_path, ["## Heading\n", "text\n"])) == "## Heading\ntext"
-    assert lab06.read_analysis(_notebook(tmp_path, "YOUR ANSWER HERE\n")) == ""
+    assert lab06_report.read_analysis(_notebook(tmp_path, ["## Heading\n", "text\n"])) == "## Heading\ntext"
+    assert lab06_report.read_analysis(_notebook(tmp_path, "YOUR ANSWER HERE\n")) == ""
     with pytest.raises(ValueError, match="no cell with grade_id 'other'"):
-        lab06.read_analysis(_notebook(tmp_path, "x"), grade_id="other")
+        lab06_report.read_analysis(_notebook(tmp_path, "x"), grade_id="other")
     with pytest.raises(FileNotFoundError, match="working folder"):
-        lab06.read_analysis(tmp_path / "missing.ipynb")
+        lab06_report.read_analysis(tmp_path / "missing.ipynb")
 
 
 def _save(folder, lab: str, sections: dict) -> None:
@@ -334,10 +334,10 @@ def test_find_results_gathers_sibling_labs_and_skips_invalid(tmp_path, caplog) -
     (copy / f"{LAB}.json").write_text((here / "results" / f"{LAB}.json").read_text())
     (tmp_path / "labs" / "lab01_measure" / "results" / "lab01_measure.trace.json").write_text('{"traceEvents": []}')
     with caplog.at_level(logging.WARNING):
-        found = lab06.find_results(here)
+        found = lab06_report.find_results(here)
     assert [p.parent.parent.name for p in found] == ["lab01_measure", "lab03_amp", LAB]
     assert "trace" not in caplog.text, "lab 1's trace is not a results file: no warning about it"
-    assert lab06.find_results(tmp_path / "nowhere") == []
+    assert lab06_report.find_results(tmp_path / "nowhere") == []
 
 
 def test_report_check_finds_missing_parts(tmp_path) -> None:
@@ -351,11 +351,19 @@ def test_report_check_finds_missing_parts(tmp_path) -> None:
     res = common.results_path(LAB, tmp_path)
     page = tmp_path / "report.html"
     report.write_report([res], page)
-    assert lab06.report_problems(page, res) == []
+    assert lab06_checks.report_problems(page, res) == []
     html = page.read_text(encoding="utf-8")
     page.write_text(html.replace('<section id="roofline">', "<section>").replace("convolutions", "c"))
-    problems = lab06.report_problems(page, res)
+    problems = lab06_checks.report_problems(page, res)
     assert any("'roofline'" in p for p in problems) and any("analysis" in p for p in problems)
-    assert "no report written" in lab06.report_problems(tmp_path / "none.html", res)[0]
+    assert "no report written" in lab06_checks.report_problems(tmp_path / "none.html", res)[0]
     res.write_text("{}")
-    assert "not valid" in lab06.report_problems(page, res)[0]
+    assert "not valid" in lab06_checks.report_problems(page, res)[0]
+
+
+def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
+    assert lab06.screen is lab06_measure.screen and lab06.measure_chain is lab06_measure.measure_chain
+    assert lab06.read_analysis is lab06_report.read_analysis and lab06.find_results is lab06_report.find_results
+    assert lab06.CUMULATIVE_FILE is lab06_checks.CUMULATIVE_FILE
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        lab06.not_a_name  # noqa: B018

@@ -3,9 +3,9 @@
 The student writes three functions in `labs/lab04_memory/lab04_memory.ipynb`. What is asked and
 what is checked are stated once, here; the visible tests are in the notebook. When graded, each
 function's source (with what of the notebook it uses) is run by the grader in a fresh sandboxed
-process on inputs drawn from its seed (`observe_*` below print what the function did), and the
-judges of `perflab/labs/hidden/lab04.py` (grader-only, with the tolerances named below) compare
-that with their reference.
+process on inputs drawn from its seed (`observe_*` in `perflab.labs.lab04_checks` print what the
+function did), and the judges of `perflab/labs/hidden/lab04.py` (grader-only, with the tolerances
+named below) compare that with their reference.
 
 Gradient checkpointing
     checkpoint_stages(model, stages) -> nn.Module
@@ -27,7 +27,8 @@ Gradient checkpointing
             backward recomputes (`checkpoint`'s `context_fn` gives the recomputation its own context).
 
 The memory model, and the budget search
-    The training memory of a model at batch size b is, by definition here (`memory_model` builds it):
+    The training memory of a model at batch size b is, by definition here
+    (`perflab.labs.lab04_measure.memory_model` builds it):
         static       parameters + gradients + optimizer state (`perflab.memory.static_memory`,
                      OPTIMIZER by default: TrainConfig's SGD with momentum)
       + activations  the storages saved for backward by one train-mode forward of b random images
@@ -60,31 +61,36 @@ The graded cost
     be SLOWER: the speedup (baseline time / candidate time, below 1) must stay above the bar
     `load_expectation(EXPECTATION)` gives, calibrated on the grading hardware from the reference
     (`calibration_pair`), or without calibration the conservative cost rule (COST_FLOOR).
+
+This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
+baseline and `calibration_pair`, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`,
+`max_calls`), the models the notebook and the checks use (`plain_cnn`, `resnet18`), the graded
+re-measurement (`export_candidate`, `candidate_source`, `checkpointed_step`, `verify_checkpoint`,
+`with_saving_checked`, `reference_activation_bytes`: the verify child and the grader import them
+from here), and `PROBES`, what the grader reads from a notebook.
+
+Elsewhere: the memory model and the notebook's measurements in `perflab.labs.lab04_measure`; the
+observation programs, cases and traces in `perflab.labs.lab04_checks` (both import this module); the
+judges, references and tolerances in the grader-only `perflab/labs/hidden/lab04.py`.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
-import copy
 import inspect
 import json
 import linecache
 import math
 import textwrap
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from perflab import env, memory, workload
-from perflab.counting import restoring_buffers
 from perflab.workload import TrainConfig
 
 LAB = "lab04_memory"
@@ -170,79 +176,6 @@ def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The memory model
-
-
-def cross_entropy_on(labels: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The loss the memory model includes: mean cross-entropy of the logits against `labels`."""
-    return lambda logits: F.cross_entropy(logits, labels)
-
-
-class MemoryModel:
-    """Training memory of `model` at a batch size, as the contract defines it; memoised per batch size.
-
-    `model(b)` is static + activations; `activations(b)` the saved-tensor bytes alone; `calls` counts
-    measurements actually run (a batch size measured once is remembered).
-    """
-
-    def __init__(self, model: nn.Module, image_size: int, optimizer: str = OPTIMIZER,
-                 in_channels: int = 3) -> None:
-        if image_size < 1:
-            raise ValueError(f"image_size: must be a positive number of pixels, got {image_size}")
-        self.model = model
-        self.image_size = image_size
-        self.in_channels = in_channels
-        self.static = memory.static_memory(model, optimizer)
-        self.device = next(model.parameters()).device
-        self._cache: dict[int, int] = {}
-        self.calls = 0
-
-    @property
-    def static_bytes(self) -> int:
-        return self.static.total
-
-    def activations(self, batch_size: int) -> int:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-        b = int(batch_size)
-        if b not in self._cache:
-            self.calls += 1
-            gen = torch.Generator().manual_seed(b)
-            x = torch.randn(b, self.in_channels, self.image_size, self.image_size, generator=gen).to(self.device)
-            labels = torch.zeros(b, dtype=torch.long, device=self.device)
-            was_training = self.model.training
-            try:
-                self.model.train()
-                with _quiet():
-                    self._cache[b] = memory.activation_bytes(self.model, x, cross_entropy_on(labels)).bytes
-            except ValueError as exc:
-                if "value per channel" not in str(exc):
-                    raise
-                raise ValueError(f"batch_size: {b} images of {self.image_size} px leave BatchNorm one value per "
-                                 f"channel in train mode; measure with images of at least "
-                                 f"{MIN_MEMORY_IMAGE_SIZE} px") from None
-            finally:
-                self.model.train(was_training)
-        return self._cache[b]
-
-    def __call__(self, batch_size: int) -> int:
-        return self.static_bytes + self.activations(batch_size)
-
-
-def memory_model(model: nn.Module, image_size: int, optimizer: str = OPTIMIZER) -> MemoryModel:
-    """The contract's training memory of `model` on square RGB images of `image_size` pixels."""
-    return MemoryModel(model, image_size, optimizer)
-
-
-def fit_line(batches: Sequence[int], values: Sequence[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of `values` against `batches`: fixed bytes and bytes per sample."""
-    if len(batches) < 2 or len(batches) != len(values):
-        raise ValueError(f"batches/values: need two or more pairs, got {len(batches)} and {len(values)}")
-    slope, intercept = np.polyfit(np.asarray(batches, float), np.asarray(values, float), 1)
-    return float(intercept), float(slope)
-
-
-# ---------------------------------------------------------------------------------------------
 # Models the notebook uses
 
 
@@ -258,40 +191,6 @@ def plain_cnn(width: int = 8, num_classes: int = 5, seed: int = 0) -> nn.Module:
 def resnet18(num_classes: int = 10, seed: int = 0) -> nn.Module:
     """torchvision's ResNet-18, randomly initialised from `seed`, on the CPU."""
     return workload.build_model(TrainConfig(seed=seed, device="cpu"), num_classes)
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers of the visible cells (the hidden checks in perflab/labs/hidden/lab04.py use them too)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Library warnings in a check must not reach stderr (nbgrader scores a cell that writes stderr 0)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-def _full_batch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list[torch.Tensor | None]]:
-    """Mean cross-entropy over the whole batch in one pass, and the gradients it leaves (cloned)."""
-    model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return float(loss.detach()), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-
-def batchnorm_gap(accumulate_gradients: Callable[..., float], model: nn.Module, x: torch.Tensor,
-                  y: torch.Tensor, micro_batch_size: int) -> float:
-    """Largest relative gap between accumulated and large-batch gradients of `model` in its current mode."""
-    ref = copy.deepcopy(model)
-    with restoring_buffers(ref):
-        _, want = _full_batch_grads(ref, x, y)
-    acc = copy.deepcopy(model)
-    with restoring_buffers(acc), _quiet():
-        accumulate_gradients(acc, x, y, micro_batch_size)
-    gaps = [float((p.grad - w).abs().max() / w.abs().max().clamp_min(1e-12))
-            for p, w in zip(acc.parameters(), want, strict=True) if w is not None and p.grad is not None]
-    return max(gaps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,398 +369,9 @@ def report(verdict: Any, expectation: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# What the grader observes. Each function cell is judged from what the student's function does on
-# inputs drawn from the grader's seed, in a fresh sandboxed process the notebook's kernel cannot
-# reach: the probe below exports the function's source (`probing.export_source`), the grader runs it
-# in a program that calls `observe(...)`, and compares the numbers it prints with its own reference
-# (perflab/labs/hidden/lab04.py). Nothing here decides anything.
-
-NUM_PROJECTIONS = 2  # random directions each gradient or buffer is projected on
-
-
-class StagedNet(nn.Module):
-    """A small CNN with named stages and BatchNorm, so the checks do not only see ResNet-18."""
-
-    def __init__(self, width: int = 8, num_classes: int = 5) -> None:
-        super().__init__()
-        w = width
-        self.stem = nn.Sequential(nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
-        self.block1 = nn.Sequential(nn.Conv2d(w, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-                                    nn.Conv2d(w, 2 * w, 3, stride=2, padding=1, bias=False),
-                                    nn.BatchNorm2d(2 * w), nn.ReLU())
-        self.block2 = nn.Sequential(nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU())
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.block2(self.block1(self.stem(x))))
-
-
-STAGED_NET_STAGES = ("stem", "block1", "block2", "head")
-
-
-def warm_bn(model: nn.Module, x: torch.Tensor) -> None:
-    """Give BatchNorm running statistics that are not the initial 0/1, so eval mode tests something."""
-    was = model.training
-    model.train()
-    with torch.no_grad():
-        model(x * 1.7 + 0.3)
-    model.train(was)
-
-
-@dataclass(frozen=True)
-class CheckpointCase:
-    """One model, input and stage choice the checkpoint checks run on."""
-
-    name: str
-    model: nn.Module
-    stages: tuple[str, ...]
-    x: torch.Tensor
-    y: torch.Tensor
-
-
-def visible_checkpoint_case() -> CheckpointCase:
-    """The notebook's visible test: ResNet-18 (10 classes), 4 images of 32 px, every stage."""
-    gen = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4, 3, 32, 32, generator=gen), torch.randint(0, 10, (4,), generator=gen)
-    return CheckpointCase("resnet18(num_classes=10) on 4x3x32x32, every stage", resnet18(10, seed=1), STAGES, x, y)
-
-
-def checkpoint_cases(seed: int = 0, cases: int = 2) -> list[CheckpointCase]:
-    """ResNet-18 (random classes, image size, batch, stages) and StagedNet (its first stage included)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(cases):
-        gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
-        if i % 2 == 0:
-            classes, side, n = int(rng.integers(2, 20)), int(rng.choice([32, 40])), int(rng.integers(2, 4))
-            model = resnet18(classes, seed=int(rng.integers(1000)))
-            pick = rng.random(len(STAGES)) < 0.6
-            if not pick.any():
-                pick[int(rng.integers(len(STAGES)))] = True
-            stages = tuple(s for s, p in zip(STAGES, pick, strict=True) if p)
-            name = f"resnet18(num_classes={classes}) on {n}x3x{side}x{side}, stages {stages}"
-        else:
-            classes, side, n = int(rng.integers(2, 9)), int(rng.choice([8, 12, 16])), int(rng.integers(2, 6))
-            width = int(rng.choice([4, 8, 12]))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(rng.integers(1000)))
-                model = StagedNet(width, classes)
-            stages = ("stem",) + tuple(s for s in STAGED_NET_STAGES[1:] if rng.random() < 0.5)
-            name = f"StagedNet(width={width}) on {n}x3x{side}x{side}, stages {stages}"
-        x = torch.randn(n, 3, side, side, generator=gen)
-        y = torch.randint(0, classes, (n,), generator=gen)
-        warm_bn(model, x)
-        out.append(CheckpointCase(name, model, stages, x, y))
-    return out
-
-
-def projections(tensors: Sequence[torch.Tensor | None]) -> list[list[float] | None]:
-    """Each tensor as [norm, largest |entry|, and its dot products with NUM_PROJECTIONS fixed random
-    directions] (None stays None): enough to tell a wrong gradient from a right one, in a few numbers."""
-    out: list[list[float] | None] = []
-    for i, t in enumerate(tensors):
-        if t is None:
-            out.append(None)
-            continue
-        flat = t.detach().double().reshape(-1).cpu()
-        gen = torch.Generator().manual_seed(10_007 * (i + 1))
-        dirs = torch.randn(NUM_PROJECTIONS, flat.numel(), generator=gen, dtype=torch.float64)
-        out.append([float(flat.norm()), float(flat.abs().max()) if flat.numel() else 0.0, *map(float, dirs @ flat)])
-    return out
-
-
-def bn_state(model: nn.Module) -> tuple[list[torch.Tensor], list[int]]:
-    """BatchNorm running statistics (float buffers) and num_batches_tracked values of `model`."""
-    floats, counts = [], []
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            floats += [m.running_mean.detach().clone(), m.running_var.detach().clone()]
-            counts.append(int(m.num_batches_tracked))
-    return floats, counts
-
-
-def train_step_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """One train-mode forward and backward from cleared gradients: (outputs, gradients)."""
-    model.train()
-    model.zero_grad(set_to_none=True)
-    with _quiet():
-        out = model(x)
-        F.cross_entropy(out, y).backward()
-    return out.detach(), [p.grad for p in model.parameters()]
-
-
-def trace_checkpoint(model: nn.Module, case: CheckpointCase) -> dict[str, Any]:
-    """What a (checkpointed or plain) copy of the case's model does, in a fixed order: eval outputs,
-    saved activation bytes, then two training steps (outputs and gradients of the first, BatchNorm
-    state after each). The grader runs the same sequence on the plain model."""
-    from perflab.grading.probing import encode
-
-    model.eval()
-    with torch.no_grad(), _quiet():
-        eval_out = model(case.x)
-    with _quiet():
-        saved = memory.activation_bytes(model.train(), case.x, cross_entropy_on(case.y)).bytes
-    train_out, grads = train_step_of(model, case.x, case.y)
-    bn: list[dict[str, Any]] = []
-    for step in range(2):
-        if step:
-            train_step_of(model, case.x, case.y)
-        floats, counts = bn_state(model)
-        bn.append({"running": projections(floats), "counts": counts})
-    return {"eval_out": encode(eval_out), "saved": int(saved), "train_out": encode(train_out),
-            "grads": projections(grads), "bn": bn}
-
-
-def _raised(exc: BaseException) -> dict[str, Any]:
-    return {"raised": type(exc).__name__, "message": str(exc)[:400]}
-
-
-def observe_checkpoint(checkpoint_stages: Callable[..., nn.Module], seed: int) -> dict[str, Any]:
-    """The student's checkpoint_stages on the visible case and on the hidden cases of `seed`."""
-    def one(case: CheckpointCase) -> dict[str, Any]:
-        model = copy.deepcopy(case.model)
-        before = [id(p) for p in model.parameters()]
-        try:
-            with _quiet():
-                got = checkpoint_stages(model, case.stages)
-            if not isinstance(got, nn.Module):
-                return {"returned": type(got).__name__}
-            in_place = [id(p) for p in got.parameters()] == before
-            return {"in_place": in_place, **trace_checkpoint(got, case)}
-        except Exception as exc:
-            return _raised(exc)
-
-    return {"visible": one(visible_checkpoint_case()), "hidden": [one(c) for c in checkpoint_cases(seed)]}
-
-
-# The budget search: memory functions described as data, so the grader builds the same ones.
-
-def memory_function(desc: Mapping[str, Any]) -> Callable[[int], float]:
-    """A non-decreasing memory function from its description (see `largest_batch_cases`)."""
-    kind = desc["kind"]
-    if kind == "affine":
-        a, c = float(desc["a"]), float(desc["c"])
-        return lambda b: a + c * b
-    if kind == "steps":
-        a, c, block = float(desc["a"]), float(desc["c"]), float(desc["block"])
-        return lambda b: math.ceil((a + c * b) / block) * block
-    if kind == "table":
-        values = np.cumsum(np.random.default_rng(int(desc["seed"])).exponential(1e5, size=int(desc["length"]))
-                           * (np.random.default_rng(int(desc["seed"]) + 1).random(int(desc["length"])) < 0.6)) + 1e6
-        return lambda b: float(values[b - 1])
-    if kind in ("resnet18", "resnet18-checkpointed"):
-        return _resnet_memory(int(desc["classes"]), int(desc["model_seed"]), kind.endswith("checkpointed"))
-    raise ValueError(f"unknown memory function kind {kind!r}")
-
-
-_RESNET_MEMORY: dict[tuple[int, int, bool], MemoryModel] = {}
-
-
-def _resnet_memory(classes: int, seed: int, checkpointed: bool) -> MemoryModel:
-    key = (classes, seed, checkpointed)
-    if key not in _RESNET_MEMORY:
-        model = resnet18(classes, seed=seed)
-        if checkpointed:
-            for name in STAGES:
-                setattr(model, name, workload.CheckpointedStage(getattr(model, name)))
-        _RESNET_MEMORY[key] = memory_model(model, MIN_MEMORY_IMAGE_SIZE)
-    return _RESNET_MEMORY[key]
-
-
-def visible_largest_batch_cases() -> list[dict[str, Any]]:
-    """The notebook's visible test: a straight line, nothing fits, everything fits, allocator steps."""
-    line = {"kind": "affine", "a": 1000.0, "c": 10.0}
-    steps = {"kind": "steps", "a": 3e6, "c": 1e5, "block": float(2**20)}
-    return [{"fn": line, "budget": 1370.0, "max_batch": MAX_BATCH}, {"fn": line, "budget": 1005.0, "max_batch": MAX_BATCH},
-            {"fn": line, "budget": 1e9, "max_batch": 100},
-            {"fn": steps, "budget": float(2**20 * math.ceil((3e6 + 1e5 * 50) / 2**20)), "max_batch": MAX_BATCH}]
-
-
-def largest_batch_cases(seed: int, cases: int = 24) -> list[dict[str, Any]]:
-    """Random non-decreasing memory functions (affine, allocator-like steps, plateaus) and budgets below,
-    between, on and above their values."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for case in range(cases):
-        max_batch = int(rng.choice([1, int(rng.integers(2, 64)), int(rng.integers(64, 5000))]))
-        kind = case % 3
-        a, c = float(rng.uniform(1e6, 1e9)), float(rng.uniform(1e3, 1e7))
-        if kind == 0:
-            desc: dict[str, Any] = {"kind": "affine", "a": a, "c": c}
-        elif kind == 1:
-            desc = {"kind": "steps", "a": a, "c": c, "block": float(2 ** int(rng.integers(20, 23)))}
-        else:
-            desc = {"kind": "table", "seed": int(rng.integers(1 << 30)), "length": max_batch}
-        fn = memory_function(desc)
-        first, last = fn(1), fn(max_batch)
-        where = rng.random()
-        if where < 0.1:
-            budget = float(first * rng.uniform(0.5, 0.99))  # nothing fits
-        elif where < 0.2:
-            budget = float(last * rng.uniform(1.0, 2.0))  # everything fits
-        else:
-            budget = float(fn(int(rng.integers(1, max_batch + 1))))  # exactly on a value
-            if rng.random() < 0.5:
-                budget += float(rng.uniform(0, 1)) * 1e3
-        out.append({"fn": desc, "budget": budget, "max_batch": max_batch})
-    return out
-
-
-def model_budget_cases(seed: int, budgets: int = 3) -> list[dict[str, Any]]:
-    """Hidden budgets on the memory model of ResNet-18 at MIN_MEMORY_IMAGE_SIZE, plain and checkpointed."""
-    rng = np.random.default_rng(seed)
-    classes, model_seed = int(rng.integers(2, 20)), int(rng.integers(1000))
-    out = []
-    for i in range(budgets):
-        desc = {"kind": "resnet18" if i % 2 == 0 else "resnet18-checkpointed", "classes": classes,
-                "model_seed": model_seed}
-        fn = memory_function(desc)
-        per_sample = fn(2) - fn(1)
-        budget = fn(1) - 1.0 if i == budgets - 1 else fn(int(rng.integers(1, 13))) + float(rng.uniform(0, 1)) * per_sample
-        out.append({"fn": desc, "budget": float(budget), "max_batch": int(rng.choice([64, 1024, MAX_BATCH]))})
-    return out
-
-
-LARGEST_BATCH_BAD = ({"budget_bytes": 0}, {"budget_bytes": -5.0}, {"budget_bytes": float("nan")},
-                     {"budget_bytes": 1e9, "max_batch": 0})
-
-
-def observe_largest_batch(largest_batch: Callable[..., int], seed: int) -> dict[str, Any]:
-    """The student's answers and the batch sizes it tried, on the visible, hidden and model cases."""
-    from perflab.grading.probing import encode
-
-    def one(case: Mapping[str, Any]) -> dict[str, Any]:
-        fn = memory_function(case["fn"])
-        tried: list[Any] = []
-
-        def memory_of(b: int) -> float:
-            tried.append(b if isinstance(b, (int, np.integer)) and not isinstance(b, bool) else repr(b))
-            if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 1 <= b <= case["max_batch"]:
-                raise ValueError(f"memory_of was called with batch size {b!r}, outside 1..max_batch")
-            return fn(int(b))
-
-        try:
-            with _quiet():
-                got = largest_batch(case["budget"], memory_of, max_batch=case["max_batch"])
-        except Exception as exc:
-            return {**_raised(exc), "tried": encode(tried)}
-        return {"value": encode(got), "tried": encode([int(t) if not isinstance(t, str) else t for t in tried])}
-
-    bad = []
-    for args in LARGEST_BATCH_BAD:
-        kwargs = {"max_batch": args["max_batch"]} if "max_batch" in args else {}
-        try:
-            with _quiet():
-                value = largest_batch(args["budget_bytes"], lambda b: 1.0, **kwargs)
-            bad.append({"value": encode(value)})
-        except Exception as exc:
-            bad.append(_raised(exc))
-    return {"visible": [one(c) for c in visible_largest_batch_cases()],
-            "hidden": [one(c) for c in largest_batch_cases(seed)],
-            "model": [one(c) for c in model_budget_cases(seed + 1)], "bad": bad}
-
-
-# Gradient accumulation: models and batches described as data.
-
-def visible_accumulate_case() -> dict[str, Any]:
-    """The notebook's visible test: a CNN without BatchNorm, 10 samples in micro-batches of 4."""
-    return {"model": "cnn", "width": 8, "classes": 5, "model_seed": 3, "side": 8, "n": 10, "micro": 4,
-            "data_seed": 3, "train": True}
-
-
-def accumulate_cases(seed: int, cases: int = 3) -> list[dict[str, Any]]:
-    """BN-free CNNs in train mode and ResNet-18 with BatchNorm in eval mode; uneven last micro-batches,
-    one sample, the whole batch, more than the batch."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for case in range(cases):
-        if case % 2 == 0:
-            desc = {"model": "cnn", "width": int(rng.choice([4, 8])), "classes": int(rng.integers(2, 9)),
-                    "side": int(rng.choice([8, 12, 16])), "n": int(rng.integers(5, 19)), "train": True}
-            smallest = 1
-        else:
-            desc = {"model": "resnet18", "classes": int(rng.integers(2, 12)), "side": 32,
-                    "n": int(rng.integers(5, 11)), "train": False}
-            smallest = 2  # ResNet-18 at batch 1 costs time and teaches nothing more
-        n = desc["n"]
-        desc["model_seed"] = int(rng.integers(1000))
-        desc["micro"] = int(rng.choice([smallest, int(rng.integers(2, n)), n, n + int(rng.integers(1, 4))]))
-        desc["data_seed"] = int(rng.integers(1 << 30))
-        out.append(desc)
-    return out
-
-
-def accumulate_setup(desc: Mapping[str, Any]) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The case's model (in its mode, BatchNorm warmed) and batch."""
-    gen = torch.Generator().manual_seed(int(desc["data_seed"]))
-    n, side, classes = int(desc["n"]), int(desc["side"]), int(desc["classes"])
-    x = torch.randn(n, 3, side, side, generator=gen)
-    y = torch.randint(0, classes, (n,), generator=gen)
-    if desc["model"] == "cnn":
-        model = plain_cnn(int(desc["width"]), classes, seed=int(desc["model_seed"]))
-    else:
-        model = resnet18(classes, seed=int(desc["model_seed"]))
-        warm_bn(model, x)
-    model.train(bool(desc["train"]))
-    return model, x, y
-
-
-ACCUMULATE_BAD = (0, -2, 1.5)
-
-
-def observe_accumulate(accumulate_gradients: Callable[..., float], seed: int) -> dict[str, Any]:
-    """The student's loss, gradients, the micro-batches the model saw and its mode after, per case."""
-    from perflab.grading.probing import encode
-
-    def one(desc: Mapping[str, Any]) -> dict[str, Any]:
-        model, x, y = accumulate_setup(desc)
-        mode = model.training
-        gen = torch.Generator().manual_seed(int(desc["data_seed"]) + 1)
-        for p in model.parameters():  # stale gradients the function must not add to
-            p.grad = torch.randn(p.shape, generator=gen)
-        seen: list[int] = []
-        handle = model.register_forward_pre_hook(lambda m, args: seen.append(int(args[0].shape[0])))
-        try:
-            with _quiet():
-                loss = accumulate_gradients(model, x, y, int(desc["micro"]))
-        except Exception as exc:
-            return _raised(exc)
-        finally:
-            handle.remove()
-        is_number = isinstance(loss, float) or (torch.is_tensor(loss) and loss.numel() == 1)
-        return {"loss": encode(float(loss)) if is_number else {"type": type(loss).__name__}, "seen": seen,
-                "mode_kept": model.training == mode, "grads": projections([p.grad for p in model.parameters()])}
-
-    bad = []
-    for micro in ACCUMULATE_BAD:
-        try:
-            with _quiet():
-                accumulate_gradients(plain_cnn(), torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long), micro)
-            bad.append({"value": None})
-        except Exception as exc:
-            bad.append(_raised(exc))
-    return {"visible": one(visible_accumulate_case()), "hidden": [one(d) for d in accumulate_cases(seed)], "bad": bad}
-
-
-# The probes: the functions' sources (run by the grader, see above) and the claimed cost.
-
-OBSERVERS = {"checkpoint_stages": "observe_checkpoint", "largest_batch": "observe_largest_batch",
-             "accumulate_gradients": "observe_accumulate"}
-# Torch threads of the grader's observations (in its sandbox) and of the references it compares them with
-# (in the grading process): one count on both sides, so both run the same kernels and round alike. With 1
-# thread against 2, ResNet-18 at batch 2 in train mode (BatchNorm over 2 values) gave gradients 3e-4 apart.
-OBSERVATION_THREADS = 1
-
-
-@contextlib.contextmanager
-def observation_threads() -> Iterator[None]:
-    """Run the block on OBSERVATION_THREADS torch threads, then restore the count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(OBSERVATION_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+# What the grader reads from a notebook: each function cell's probe exports the function's source,
+# which the grader runs in a fresh sandboxed process (`lab04_checks.observation_program`) and judges
+# (perflab/labs/hidden/lab04.py); the cost cell's probe adds the claimed cost.
 
 
 def _exported(answers: Any, name: str) -> dict[str, Any]:
@@ -889,13 +399,6 @@ def _probe_cost(answers: Any, seed: int) -> dict[str, Any]:
     return {**_exported(answers, "checkpoint_stages"), "claim": encode(answers.get("CLAIM"))}
 
 
-def observation_program(function: str, source: str, seed: int) -> str:
-    """The program the grader runs (in its sandbox) to observe the student's `function` from its source."""
-    return (f"import json as _json\nfrom perflab.labs import lab04 as _lab04\n_observe = _lab04.{OBSERVERS[function]}\n\n"
-            f"{source}\n\n\nwith _lab04.observation_threads():\n    _seen = _observe({function}, {int(seed)})\n"
-            "print('PERFLAB-OBSERVED ' + _json.dumps(_seen, allow_nan=False))\n")
-
-
 def candidate_source(source: str, config: TrainConfig, stages: Sequence[str] = GRADED_STAGES) -> str:
     """A `perflab.verify` candidate module from the source of checkpoint_stages (and what it uses)."""
     return (f"{CANDIDATE_HEADER}\n\n{source}\n\n\nCONFIG = {json.dumps(config.to_dict())!r}\nSTAGES = {tuple(stages)!r}\n\n\n"
@@ -916,3 +419,16 @@ PROBES = {
     "accumulate_visible": _probe_function("accumulate_gradients"),
     "accumulate_hidden": _probe_function("accumulate_gradients"),
 }
+
+
+def __getattr__(name: str) -> Any:
+    """Names that moved to lab04_measure and lab04_checks, still reachable as `lab04.<name>`: a
+    notebook released before the move calls `lab04.memory_model(...)` in cells the student owns."""
+    import importlib
+
+    if not name.startswith("_"):
+        for module in ("perflab.labs.lab04_measure", "perflab.labs.lab04_checks"):
+            found = importlib.import_module(module)
+            if hasattr(found, name):
+                return getattr(found, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

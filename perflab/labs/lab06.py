@@ -26,7 +26,7 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
 
     FINAL: TrainConfig, CHAIN: list[(name, TrainConfig)]
         The greedy ablation: starting from BASELINE, each change `plan_changes` says to try is
-        added to the configuration kept so far and screened (`screen`); it stays when its step
+        added to the configuration kept so far and screened (`lab06_measure.screen`); it stays when its step
         speedup's CI lies above KEEP_ABOVE, and a change memory demands stays regardless. CHAIN is
         ("baseline", BASELINE) followed by one (name, config) per change kept, each config the one
         before plus that change; FINAL is CHAIN's last config. FINAL may differ from BASELINE in
@@ -36,28 +36,29 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
         within `accuracy_tolerance` of the baseline's.
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
-changes this hardware can benefit from (`plan_changes`, from the calibration), the measurements the
-notebook runs (`screen`, `measure_chain`, `memory_vs_batch`, `measure_accuracy`, `mfu`), the visible
-checks (`cumulative_problems`, against the rows stored for the visible example in CUMULATIVE_FILE;
-`check_final`, `check_accuracy`, `check_report`) and `verify_final`. The
-hidden tests' checks (`check_cumulative_speedups`, `check_ablation_table`) and the reference answers
-they compare against live in the grader-only `perflab/labs/hidden/lab06.py`.
+baseline, the changes this hardware can benefit from (`plan_changes`, from the calibration) and the
+reference FINAL calibrated against (`reference_final`, `calibration_pair`), `ratio_ci` (what
+`cumulative_speedups` takes its CIs from), the visible checks (`cumulative_problems`, against the rows
+stored for the visible example; `final_problems`/`check_final`, `accuracy_tolerance`/
+`accuracy_problems`/`check_accuracy`, `check_report`), `verify_final`, and `PROBES`, what the grader
+reads from a notebook.
+
+Elsewhere: the checks' machinery, stored rows and random cases in `perflab.labs.lab06_checks` (which
+imports this module, so the visible checks and probes import it when they run); what the notebook
+measures (screening, the ablation's block times, the memory model, accuracy, MFU) in
+`perflab.labs.lab06_measure`; the analysis and results files the report is built from in
+`perflab.labs.lab06_report`; the judges and reference answers in the grader-only
+`perflab/labs/hidden/lab06.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
-import re
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from perflab import env, stats
 from perflab.labs.common import (  # noqa: F401
@@ -103,21 +104,10 @@ PARITY = 0.01
 # falls to chance.
 ACCURACY_Z = 3.0
 ACCURACY_MIN_TOLERANCE = 0.02
-# Checkpointing is planned only when training at the baseline's batch size would need more than this
-# share of the device's memory (the rest: the allocator's fragmentation, the loader's batches, CUDA
-# context and workspaces).
-MEMORY_BUDGET_SHARE = 0.8
-# ResNet-18 leaves a 32-pixel image 1x1 in its last stage, where BatchNorm in train mode cannot
-# normalise a batch of one: the memory sweep starts at two.
-MIN_MEMORY_BATCH = 2
-# The optimizer whose state the memory model counts: TrainConfig's SGD keeps one momentum buffer.
-OPTIMIZER = "sgd-momentum"
 # The Markdown cell whose text is the student's analysis, and where the report is written.
 ANALYSIS_GRADE_ID = "analysis"
 NOTEBOOK = f"{LAB}.ipynb"
 REPORT_FILE = "report.html"
-# What nbgrader leaves in an unanswered written cell.
-UNANSWERED = "YOUR ANSWER HERE"
 # What this lab can promise on each kind of device (printed by common.hardware_statement).
 HARDWARE_NOTES = {
     "cuda": "the full chain can pay here: loader workers with pinned memory, bf16 (or fp16) with "
@@ -223,17 +213,6 @@ def amp_dtype_for(device: str) -> str | None:
     return None
 
 
-def memory_budget_bytes(info: env.MachineInfo) -> int | None:
-    """MEMORY_BUDGET_SHARE of the device's memory (the GPU's, else the machine's RAM); None if unknown."""
-    if info.gpu_memory_bytes:
-        return int(MEMORY_BUDGET_SHARE * info.gpu_memory_bytes)
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-    return int(MEMORY_BUDGET_SHARE * ram)
-
-
 def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False,
                  expectations: Callable[[str], Any] | None = None) -> list[Plan]:
     """The ablation's changes in order, each with what to do on this machine and why.
@@ -289,6 +268,7 @@ def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
                     expectations: Callable[[str], Any] | None = None) -> TrainConfig:
     """The reference solution's FINAL without screening: the baseline plus every planned change the
     calibration calls a gain (and checkpointing where memory demands it)."""
+    from perflab.labs.lab06_measure import needs_checkpointing
     from perflab.verify import load_expectation
 
     info = info or env.machine_info()
@@ -308,70 +288,9 @@ def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Measurements the notebook runs
-
-
-def screen(current: TrainConfig, candidate: TrainConfig, s: LabSizes | None = None) -> Any:
-    """Time `candidate` against `current` in interleaved blocks (perflab.timing.compare): a Comparison."""
-    from perflab import timing, workload
-
-    s = s or sizes()
-    works = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            for config in (current, candidate):
-                works.append(workload.build(config))
-            a, b = works
-            return timing.compare(lambda: workload.train_step(a), lambda: workload.train_step(b),
-                                  blocks=s.screen_blocks, block_size=s.block_steps, warmup=2,
-                                  device=a.device, labels=("kept so far", "with the change"))
-        finally:
-            for work in works:
-                work.close()
-
-
-def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
-                  warmup: int = 2) -> dict[str, list[float]]:
-    """Block times of every configuration of `chain`, timed in interleaved rounds.
-
-    Each round times one block (`s.block_steps` training steps ended by a device sync) of every
-    configuration, starting at a different one each round, so that all of them share the machine's
-    drift and block i of any two are paired. Returns {name: [seconds of each block]} in chain order.
-    """
-    import time
-
-    from perflab import workload
-    from perflab.labs import common
-
-    s = s or sizes()
-    names = [name for name, _ in chain]
-    if len(set(names)) != len(names):
-        raise ValueError(f"chain: names must be unique, got {names}")
-    times: dict[str, list[float]] = {name: [] for name in names}
-    works = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            for _, config in chain:
-                work = workload.build(config)
-                works.append(work)
-                for _ in range(warmup):
-                    workload.train_step(work)
-                env.synchronize(work.device)
-            for r in common.progress(range(s.chain_blocks), desc="ablation rounds"):
-                for k in range(len(works)):
-                    i = (r + k) % len(works)
-                    work = works[i]
-                    start = time.perf_counter()
-                    for _ in range(s.block_steps):
-                        workload.train_step(work)
-                    env.synchronize(work.device)
-                    times[names[i]].append(time.perf_counter() - start)
-        finally:
-            for work in works:
-                work.close()
-    return times
+# What cumulative_speedups takes its CIs from, and its visible check: what is wrong, in words (empty
+# when all is well). The machinery and the stored rows live in perflab.labs.lab06_checks, which imports
+# this module; so the check imports it when it runs. The hidden checks are the grader's.
 
 
 def ratio_ci(baseline: Sequence[float], times: Sequence[float], quantile: float = QUANTILE,
@@ -381,208 +300,12 @@ def ratio_ci(baseline: Sequence[float], times: Sequence[float], quantile: float 
     return interval.low, interval.high
 
 
-def step_stat(block_times: Sequence[float], block_steps: int, batch_size: int) -> dict[str, Any]:
-    """The `baseline` results section from block times: step time and throughput with 95% CIs."""
-    per_step = np.asarray(block_times, dtype=float) / block_steps
-    ci = stats.bootstrap_ci(per_step, stats.quantile_of(QUANTILE), seed=CI_SEED)
-    return {"step_time": {"median": ci.estimate, "ci": [ci.low, ci.high], "unit": "s",
-                          "statistic": f"p{QUANTILE * 100:.0f} of blocks", "samples": per_step.tolist()},
-            "throughput": {"median": batch_size / ci.estimate, "ci": [batch_size / ci.high, batch_size / ci.low],
-                           "unit": "img/s", "statistic": "batch size / step_time",
-                           "samples": (batch_size / per_step).tolist()}}
-
-
-def training_memory(config: TrainConfig, batch_sizes: Sequence[int], num_classes: int = 10) -> list[int]:
-    """Bytes of one training step at each batch size, by the memory model: parameters, gradients,
-    optimizer state, and the activations saved for backward by the forward and loss of that many
-    random images (under `config`'s autocast, memory format and checkpointing)."""
-    import torch
-    from torch.nn import functional as F
-
-    from perflab import memory, workload
-
-    device = env.pick_device(config.device)
-    model = workload.build_model(config.replace(compile_mode=None), num_classes)
-    model.train()
-    static = memory.static_memory(model, OPTIMIZER).total
-    out = []
-    for b in batch_sizes:
-        if b < MIN_MEMORY_BATCH:
-            raise ValueError(f"batch_sizes: {b} is below {MIN_MEMORY_BATCH} (BatchNorm in train mode needs two images)")
-        images = torch.randn(b, 3, config.image_size, config.image_size, device=device)
-        if config.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        labels = torch.randint(0, num_classes, (b,), device=device)
-        autocast = (torch.autocast(device_type=device.type, dtype=AMP_DTYPES[config.amp_dtype])
-                    if config.amp_dtype else contextlib.nullcontext())
-        with autocast:
-            saved = memory.activation_bytes(model, images, lambda logits, y=labels: F.cross_entropy(logits, y))
-        out.append(static + saved.bytes)
-    return out
-
-
-def memory_vs_batch(config: TrainConfig, batches: Sequence[int], num_classes: int = 10) -> list[dict[str, Any]]:
-    """`memory_vs_batch` rows for `config`, plain and with every stage checkpointed."""
-    rows = []
-    for checkpointed in (False, True):
-        cfg = config.replace(checkpoint_segments=len(RESNET_STAGES) if checkpointed else 0)
-        for b, nbytes in zip(batches, training_memory(cfg, batches, num_classes), strict=True):
-            rows.append({"batch_size": int(b), "bytes": int(nbytes), "checkpointed": checkpointed})
-    return rows
-
-
-def largest_batch(rows: Sequence[Mapping[str, Any]], budget: float, checkpointed: bool) -> int:
-    """The largest batch the affine fit of `rows` (bytes = fixed + per_image * batch) keeps under `budget`."""
-    pts = sorted((r["batch_size"], r["bytes"]) for r in rows if bool(r["checkpointed"]) == checkpointed)
-    if len(pts) < 2:
-        raise ValueError("rows: need at least two batch sizes to fit memory against batch size")
-    x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
-    per_image, fixed = np.polyfit(x, y, 1)
-    if per_image <= 0:
-        return 0
-    return max(0, int((budget - fixed) // per_image))
-
-
-def needs_checkpointing(config: TrainConfig, info: env.MachineInfo | None = None) -> bool:
-    """Whether training `config` at its batch size needs more than the device's memory budget."""
-    info = info or env.machine_info()
-    budget = memory_budget_bytes(info)
-    if budget is None:
-        return False
-    return training_memory(config, [max(config.batch_size, MIN_MEMORY_BATCH)])[0] > budget
-
-
-def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int) -> dict[str, Any]:
-    """Train each configuration `steps` fixed-seed steps from the same initial model, then evaluate both
-    on the evaluation images (perflab.workload.evaluate)."""
-    from perflab import dataset, workload
-
-    out: dict[str, Any] = {"steps": steps}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for key, config in (("baseline", baseline), ("final", final)):
-            work = workload.build(config)
-            try:
-                losses = [workload.train_step(work)[0] for _ in range(steps)]
-                out[key] = workload.evaluate(work)
-                out[f"{key}_loss"] = float(losses[-1])
-            finally:
-                work.close()
-        out["n_eval"] = len(dataset.load(baseline.data, image_size=baseline.image_size, train=False))
-    return out
-
-
-def mfu(config: TrainConfig, step_seconds: float) -> dict[str, Any]:
-    """The `mfu` results section: FLOPs of one training step of `config` over `step_seconds`, against the
-    device's peak at the step's compute dtype (spec sheet for known GPUs, else measured)."""
-    import torch
-    from torch.nn import functional as F
-
-    from perflab import counting, roofline, workload
-
-    device = env.pick_device(config.device)
-    model = workload.build_model(config.replace(checkpoint_segments=0, channels_last=False), 10)
-    images = torch.randn(config.batch_size, 3, config.image_size, config.image_size, device=device)
-    labels = torch.randint(0, 10, (config.batch_size,), device=device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        flops = counting.count_flops(model, images, backward=True,
-                                     loss_fn=lambda logits: F.cross_entropy(logits, labels)).train
-        dtype = AMP_DTYPES[config.amp_dtype] if config.amp_dtype else torch.float32
-        peaks = roofline.device_peaks(device, dtype)
-    try:
-        peak = peaks.peak_flops(dtype)
-    except ValueError:  # a spec sheet without this dtype: the fastest it lists is the honest ceiling
-        peak = max(peaks.flops.values())
-    return {"achieved_flops_per_s": flops / step_seconds, "peak_flops": float(peak),
-            "flops_per_step": int(flops), "step_seconds": step_seconds,
-            "dtype": str(dtype).removeprefix("torch."), "peak_source": str(getattr(peaks, "source", ""))}
-
-
-# ---------------------------------------------------------------------------------------------
-# The analysis and the report
-
-
-def read_analysis(notebook: str | os.PathLike[str] = NOTEBOOK, grade_id: str = ANALYSIS_GRADE_ID) -> str:
-    """The text of the notebook's written-analysis cell as last saved ('' if unanswered).
-
-    The kernel cannot see a cell's text, only the file: in Jupyter, save the notebook first.
-    """
-    path = Path(notebook)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: the notebook is not in the working folder; run it from its own "
-                                "folder (Jupyter does) so its analysis cell can be read") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: not a readable notebook ({exc})") from None
-    for cell in doc.get("cells", []):
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
-            source = cell.get("source", "")
-            text = "".join(source) if isinstance(source, list) else str(source)
-            text = text.strip()
-            return "" if text == UNANSWERED else text
-    raise ValueError(f"{path}: no cell with grade_id {grade_id!r} (the analysis cell)")
-
-
-def find_results(folder: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Results files of every lab the student has run, one per lab, valid ones only, in lab order.
-
-    Looks in `folder`/results (this lab's own) and in the results folder of each sibling lab folder
-    (`../lab0*/results/lab0*.json`: the labs sit side by side in labs/). A file that fails validation is
-    left out (perflab.results says why in the log); this lab's own file wins over a copy elsewhere.
-    """
-    import logging
-
-    from perflab import results
-
-    here = Path(folder or Path.cwd()).resolve()
-    candidates = sorted(here.glob("results/lab0*.json"))
-    candidates += sorted(here.parent.glob("lab0*/results/lab0*.json"))
-    found: dict[str, Path] = {}
-    for path in candidates:
-        if not re.fullmatch(r"lab\d\d_\w+\.json", path.name):  # not a results file: a trace, a candidate, a temp
-            continue
-        try:
-            doc = results.load(path)
-        except results.ResultsError as exc:
-            logging.getLogger(__name__).warning("left out of the report: %s", exc)
-            continue
-        found.setdefault(doc["lab"], path)
-    return [found[lab] for lab in sorted(found)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The visible cumulative_speedups check: what is wrong, in words (empty when all is well). The hidden
-# tests' checks, random cases drawn from a seed, live in perflab/labs/hidden/lab06.py.
-
-
-CUMULATIVE_FILE = Path(__file__).with_name("lab06_cumulative.json")
-
-
-def stored_cumulative(measurements: Mapping[str, Sequence[float]], quantile: float = QUANTILE,
-                      seed: int = CI_SEED, path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The rows `cumulative_speedups` must return for a visible example, stored in CUMULATIVE_FILE
-    (or `path`); ValueError for an ablation not stored there."""
-    path = Path(path) if path is not None else CUMULATIVE_FILE
-    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    given = {str(k): [float(t) for t in v] for k, v in measurements.items()}
-    for case in cases:
-        if case["measurements"] == given and case["quantile"] == quantile and case["seed"] == seed:
-            return [dict(row) for row in case["rows"]]
-    raise ValueError(f"no stored rows for this ablation (quantile {quantile}, seed {seed}); {path.name} holds "
-                     f"{len(cases)} visible example(s). Other ablations need their rows passed as expected=")
-
-
-def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
-    return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isclose(float(a), float(b),
-                                                                                       rel_tol=rel, abs_tol=1e-12)
-
-
 def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Sequence[float]],
                         expected: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> list[str]:
     """Does `fn(measurements, **kwargs)` return the contract's rows for this ablation? The rows it must
     return are `expected`, by default those stored for the visible example (`stored_cumulative`)."""
+    from perflab.labs.lab06_checks import rows_problems, stored_cumulative
+
     copy = {k: list(v) for k, v in measurements.items()}
     want = list(expected) if expected is not None else stored_cumulative(
         measurements, kwargs.get("quantile", QUANTILE), kwargs.get("seed", CI_SEED))
@@ -590,41 +313,6 @@ def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Seque
     if dict(measurements) != copy:
         return ["cumulative_speedups changed its input measurements"]
     return rows_problems(got, measurements, want, kwargs.get("quantile", QUANTILE))
-
-
-def rows_problems(got: Any, measurements: Mapping[str, Sequence[float]], want: Sequence[Mapping[str, Any]],
-                  quantile: float = QUANTILE) -> list[str]:
-    """What is wrong with rows `got` for this ablation, against the rows it must give (`want`)."""
-    where = f"{len(measurements)} configurations of {len(next(iter(measurements.values())))} blocks"
-    if not isinstance(got, list) or len(got) != len(want):
-        n = len(got) if isinstance(got, list) else type(got).__name__
-        return [f"{where}: expected a list of {len(want)} rows (one per configuration after the baseline), got {n}"]
-    base_q = float(np.quantile(np.asarray(next(iter(measurements.values())), float), quantile))
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if not isinstance(g, Mapping):
-            return [f"{where}: row {i} should be a dict, got {type(g).__name__}"]
-        if g.get("name") != w["name"]:
-            return [f"{where}: row {i} is named {g.get('name')!r}, expected {w['name']!r} (keep the ablation order)"]
-        if not _close(g.get("speedup"), w["speedup"]):
-            times = list(measurements.values())[i + 1]
-            prev = list(measurements.values())[i]
-            chained = float(np.quantile(np.asarray(prev, float), quantile)) / float(
-                np.quantile(np.asarray(times, float), quantile))
-            median = float(np.median(next(iter(measurements.values())))) / float(np.median(times))
-            hint = ""
-            if _close(g.get("speedup"), chained, 1e-6) and i > 0:
-                hint = " (that is the speedup over the previous configuration: measure against the ORIGINAL baseline)"
-            elif _close(g.get("speedup"), median, 1e-6):
-                hint = f" (that is the ratio of medians: use the {quantile} quantile)"
-            return [f"{where}: {w['name']}: speedup {g.get('speedup')!r}, expected {w['speedup']:.6g} "
-                    f"= q(baseline) {base_q:.4g} / q({w['name']}){hint}"]
-        ci = g.get("ci")
-        if not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_close(a, b) for a, b in zip(ci, w["ci"], strict=True))):
-            return [f"{where}: {w['name']}: ci {ci!r}, expected {w['ci']} from ratio_ci(baseline, its times, "
-                    "quantile, seed) (paired: block i of both were timed in the same round)"]
-        if g.get("cumulative") is not True:
-            return [f"{where}: {w['name']}: rows must say 'cumulative': True (each is against the original baseline)"]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -687,38 +375,10 @@ def check_accuracy(acc: Mapping[str, Any]) -> None:
     assert not problems, problems[0]
 
 
-def report_problems(report_path: str | os.PathLike[str], results_path: str | os.PathLike[str]) -> list[str]:
-    """Does the HTML report hold every section, and this lab's ablation, memory curve and accuracy?"""
-    from perflab import report as rep
-    from perflab import results
-
-    path = Path(report_path)
-    if not path.is_file():
-        return [f"{path}: no report written (render it with perflab.report.write_report)"]
-    page = path.read_text(encoding="utf-8")
-    try:
-        doc = results.load(results_path)
-    except results.ResultsError as exc:
-        return [f"the report's data is not valid: {exc}"]
-    problems = [f"{path}: no section {sid!r}" for sid in rep.SECTION_IDS if f'<section id="{sid}">' not in page]
-    sections = doc["sections"]
-    if LAB not in page:
-        problems.append(f"{path}: {LAB}'s results are not among the report's files")
-    if sections.get("speedups") and 'id="fig-speedup-waterfall"' not in page:
-        problems.append(f"{path}: the cumulative waterfall is missing from the speedups section")
-    if sections.get("memory_vs_batch") and 'id="fig-memory"' not in page:
-        problems.append(f"{path}: the memory-against-batch figure is missing")
-    if "accuracy" in sections and "Accuracy after a short training run" not in page:
-        problems.append(f"{path}: the accuracy kept is missing from the verification section")
-    text = (sections.get("analysis") or "").strip()
-    if text:
-        words = re.findall(r"[A-Za-z]{5,}", text)
-        if words and not all(w in page for w in words[:5]):
-            problems.append(f"{path}: the written analysis saved in the results is not in the report")
-    return problems
-
-
 def check_report(report_path: str | os.PathLike[str], results_path: str | os.PathLike[str]) -> None:
+    """The HTML report holds every section, and this lab's ablation, memory curve, accuracy and analysis."""
+    from perflab.labs.lab06_checks import report_problems
+
     problems = report_problems(report_path, results_path)
     assert not problems, problems[0]
 
@@ -742,106 +402,13 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
 
 # ---------------------------------------------------------------------------------------------
 # What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
-# returns the student's raw outputs on inputs drawn from the grader's seed; the grader-only judges
-# (perflab/labs/hidden/lab06.py) draw the same inputs, compute the reference answers and decide.
-
-VISIBLE_ABLATION = {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55],
-                    "+ bf16": [0.25, 0.3, 0.26, 0.25]}
-VISIBLE_TABLES = ([{"name": "a", "speedup": 2.0, "ci": [1.9, 2.1]}, {"name": "b", "speedup": 4.0, "ci": [3.8, 4.2]}],
-                  [{"name": "a", "speedup": 1.5}, {"name": "b", "speedup": 1.0}])
-# The largest report and results file the grader reads back (a report embeds its figures as PNG).
-REPORT_CAP_BYTES = 6 * 1024 * 1024
-
-
-def random_measurements(rng: Any, configs: int | None = None, blocks: int | None = None) -> dict[str, list[float]]:
-    """A random ablation: a baseline, then configs that each add a change with a random true speedup,
-    timed in noisy blocks (lognormal jitter plus occasional interference that only adds time)."""
-    configs = configs if configs is not None else rng.randint(1, 5)
-    blocks = blocks if blocks is not None else rng.randint(4, 24)
-    level = rng.uniform(0.02, 2.0)
-    names = ["baseline"] + [f"{rng.choice(['+ workers', '+ bf16', '+ channels_last', '+ compile', '+ ckpt'])}"
-                            f" #{i}" for i in range(1, configs + 1)]
-    out: dict[str, list[float]] = {}
-    for name in names:
-        noise = rng.uniform(0.005, 0.1)
-        out[name] = [level * math.exp(rng.gauss(0, noise)) * (1 + (rng.random() < 0.15) * rng.uniform(0, 0.6))
-                     for _ in range(blocks)]
-        level /= rng.uniform(0.6, 2.5)
-    return out
-
-
-def random_rows(rng: Any, n: int | None = None, final: float | None = None) -> list[dict[str, Any]]:
-    """Random cumulative rows (each with a CI around it); `final` pins the last speedup."""
-    n = n if n is not None else rng.randint(1, 6)
-    level, rows = 1.0, []
-    for i in range(n):
-        level *= math.exp(rng.gauss(0.15, 0.3))
-        if final is not None and i == n - 1:
-            level = final
-        width = rng.uniform(0.01, 0.2) * level
-        rows.append({"name": f"change {i + 1}", "speedup": level, "ci": [level - width, level + width],
-                     "cumulative": True})
-    return rows
-
-
-def cumulative_cases(seed: int, cases: int = 12) -> tuple[list[tuple[dict[str, list[float]], dict[str, Any]]],
-                                                          list[tuple[dict[str, list[float]], str]]]:
-    """(random ablations with their keyword arguments, bad inputs with what is wrong) drawn from `seed`."""
-    import random
-
-    rng = random.Random(seed)
-    good = []
-    for case in range(cases):
-        m = random_measurements(rng)
-        kwargs: dict[str, Any] = {}
-        if case % 3 == 1:
-            kwargs["quantile"] = rng.choice([0.1, 0.5, 0.8])
-        if case % 4 == 2:
-            kwargs["seed"] = rng.randint(1, 10_000)
-        good.append((m, kwargs))
-    ok = random_measurements(rng, configs=2, blocks=6)
-    base = ok["baseline"]
-    bad = [({"baseline": base}, "only the baseline"),
-           ({"baseline": base, "short": base[:3]}, "another number of blocks"),
-           ({"baseline": base[:1], "one": base[:1]}, "a single block"),
-           ({"baseline": base, "neg": [-1.0] + base[1:]}, "a negative time"),
-           ({"baseline": base, "nan": [float("nan")] + base[1:]}, "a NaN time"),
-           ({"baseline": base, "zero": [0.0] * len(base)}, "zero times")]
-    return good, bad
-
-
-def table_cases(seed: int, cases: int = 15) -> tuple[list[list[dict[str, Any]]], list[tuple[list[dict[str, Any]], float]]]:
-    """(random ablations, some ending within PARITY of 1.0 and some losing time; rows with a bad speedup)."""
-    import random
-
-    rng = random.Random(seed)
-    good = []
-    for case in range(cases):
-        final = None
-        if case % 5 == 3:
-            final = 1.0 + rng.uniform(-0.6, 0.6) * PARITY
-        elif case % 5 == 4:
-            final = rng.uniform(0.4, 0.9)
-        good.append(random_rows(rng, final=final))
-    bad = []
-    for value in (0.0, -1.5, float("nan"), float("inf")):
-        rows = random_rows(rng, 2)
-        rows[1]["speedup"] = value
-        bad.append((rows, value))
-    return good, bad
+# returns the student's raw outputs on inputs drawn from the grader's seed (`lab06_checks.*_cases`);
+# the grader-only judges (perflab/labs/hidden/lab06.py) draw the same inputs, compute the reference
+# answers and decide.
 
 
 def _config_data(value: Any) -> dict[str, Any]:
     return {"type": type(value).__name__, "config": value.to_dict() if isinstance(value, TrainConfig) else None}
-
-
-def _call_cumulative(fn: Callable[..., Any], measurements: Mapping[str, Sequence[float]],
-                     kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-
-    copy = {k: list(v) for k, v in measurements.items()}
-    got = outcome(fn, measurements, **kwargs)
-    return {**got, "mutated": dict(measurements) != copy}
 
 
 def _probe_final_config(answers: Any, seed: int) -> dict[str, Any]:
@@ -854,21 +421,25 @@ def _probe_final_config(answers: Any, seed: int) -> dict[str, Any]:
 
 
 def _probe_cumulative_visible(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.labs.lab06_checks import VISIBLE_ABLATION, observe_cumulative
+
     fn = answers["cumulative_speedups"]
-    return _call_cumulative(fn, {k: list(v) for k, v in VISIBLE_ABLATION.items()}, {})
+    return observe_cumulative(fn, {k: list(v) for k, v in VISIBLE_ABLATION.items()}, {})
 
 
 def _probe_cumulative_hidden(answers: Any, seed: int) -> dict[str, Any]:
     from perflab.grading.probing import outcome
+    from perflab.labs.lab06_checks import cumulative_cases, observe_cumulative
 
     fn = answers["cumulative_speedups"]
     good, bad = cumulative_cases(seed)
-    return {"good": [_call_cumulative(fn, m, kwargs) for m, kwargs in good],
+    return {"good": [observe_cumulative(fn, m, kwargs) for m, kwargs in good],
             "bad": [outcome(fn, m) for m, _ in bad]}
 
 
 def _probe_ablation_table(answers: Any, seed: int) -> dict[str, Any]:
     from perflab.grading.probing import outcome
+    from perflab.labs.lab06_checks import VISIBLE_TABLES, table_cases
 
     fn = answers["ablation_table"]
     good, bad = table_cases(seed)
@@ -883,16 +454,12 @@ def _probe_final_verified(answers: Any, seed: int) -> dict[str, Any]:
     return {"final": _config_data(answers["FINAL"]), "claim": encode(answers.get("CLAIM"))}
 
 
-def _read_capped(path: Path) -> str | None:
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > REPORT_CAP_BYTES:
-        return None
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
 def _probe_report(answers: Any, seed: int) -> dict[str, Any]:
+    from perflab.labs.lab06_checks import read_capped
+
     results_path = answers.get("RESULTS_PATH")
-    return {"report": _read_capped(Path(REPORT_FILE)),
-            "results": _read_capped(Path(results_path)) if isinstance(results_path, (str, os.PathLike)) else None}
+    return {"report": read_capped(Path(REPORT_FILE)),
+            "results": read_capped(Path(results_path)) if isinstance(results_path, (str, os.PathLike)) else None}
 
 
 PROBES = {
@@ -904,3 +471,17 @@ PROBES = {
     "test_accuracy": lambda answers, seed: {"final": _config_data(answers["FINAL"])},
     "test_report": _probe_report,
 }
+
+
+def __getattr__(name: str) -> Any:
+    """Names that moved to lab06_measure, lab06_report and lab06_checks, still reachable as
+    `lab06.<name>`: a notebook released before the move calls `lab06.screen(...)` in cells the student
+    owns."""
+    import importlib
+
+    if not name.startswith("_"):
+        for module in ("perflab.labs.lab06_measure", "perflab.labs.lab06_report", "perflab.labs.lab06_checks"):
+            found = importlib.import_module(module)
+            if hasattr(found, name):
+                return getattr(found, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,7 +66,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: F4
 
 from perflab import dataset, env, memory, timing, workload
 from perflab.counting import restoring_buffers
-from perflab.labs import common, lab04
+from perflab.labs import common, lab04, lab04_measure
 
 common.setup_notebook()
 LAB = lab04.LAB
@@ -93,15 +93,15 @@ print(common.hardware_statement(LAB, INFO))
 #
 # `perflab.memory` measures both: `static_memory` from the real tensors, `activation_bytes` with
 # `torch.autograd.graph.saved_tensors_hooks`, each saved storage counted once. The lab's memory model
-# (`lab04.memory_model`, defined in the contract) is their sum, measured at any batch size.
+# (`lab04_measure.memory_model`, as the contract defines it) is their sum, measured at any batch size.
 
 # %%
 net = workload.build_model(BASELINE, NUM_CLASSES)
-PLAIN = lab04.memory_model(net, SIDE)
+PLAIN = lab04_measure.memory_model(net, SIDE)
 print(PLAIN.static.table())
 x = torch.randn(S.batch_size, 3, SIDE, SIDE, device=DEVICE)
 labels = torch.zeros(S.batch_size, dtype=torch.long, device=DEVICE)
-saved = memory.activation_bytes(net.train(), x, lab04.cross_entropy_on(labels))
+saved = memory.activation_bytes(net.train(), x, lab04_measure.cross_entropy_on(labels))
 print(f"\nsaved for backward at batch {S.batch_size}, {SIDE} px:\n{saved.table(top=8)}")
 by_stage: dict[str, int] = {}
 for name, (_, nbytes) in saved.by_module.items():
@@ -119,12 +119,12 @@ RESULTS["memory_budget"] = {"parameters": PLAIN.static.parameter_bytes, "gradien
 #
 # Measure the memory model at several batch sizes. Every saved tensor but a few per-channel
 # statistics has the batch as its first dimension, so the activations should be a straight line in
-# the batch size: a fixed cost plus a cost per sample. `lab04.fit_line` gives the least-squares
+# the batch size: a fixed cost plus a cost per sample. `lab04_measure.fit_line` gives the least-squares
 # intercept and slope.
 
 # %%
 plain_acts = {b: PLAIN.activations(b) for b in common.progress(S.batches, desc="plain")}
-intercept, per_sample = lab04.fit_line(list(plain_acts), list(plain_acts.values()))
+intercept, per_sample = lab04_measure.fit_line(list(plain_acts), list(plain_acts.values()))
 worst = max(abs(v - (intercept + per_sample * b)) for b, v in plain_acts.items())
 print(f"activations = {memory.format_bytes(intercept)} + {memory.format_bytes(per_sample)} per image "
       f"(largest residual {worst:.0f} bytes)")
@@ -227,7 +227,7 @@ plain_v, ckpt_v = copy.deepcopy(base), copy.deepcopy(base)
 params_before = list(ckpt_v.parameters())
 ckpt_v = checkpoint_stages(ckpt_v, lab04.STAGES)
 assert [id(p) for p in ckpt_v.parameters()] == [id(p) for p in params_before], "wrap in place, keep the parameters"
-loss_v = lab04.cross_entropy_on(yv)
+loss_v = lab04_measure.cross_entropy_on(yv)
 bytes_plain = memory.activation_bytes(plain_v.train(), xv, loss_v).bytes
 bytes_ckpt = memory.activation_bytes(ckpt_v.train(), xv, loss_v).bytes
 print(f"saved activations: plain {memory.format_bytes(bytes_plain)}, all stages checkpointed "
@@ -266,7 +266,7 @@ hidden04.check("checkpoint_batchnorm", globals())
 stage_rows = []
 for stage in lab04.STAGES:
     alone = checkpoint_stages(workload.build_model(BASELINE, NUM_CLASSES), (stage,))
-    acts = lab04.memory_model(alone, SIDE).activations(S.batch_size)
+    acts = lab04_measure.memory_model(alone, SIDE).activations(S.batch_size)
     stage_rows.append((stage, PLAIN.activations(S.batch_size) - acts))
     print(f"checkpoint {stage} alone: saves {memory.format_bytes(stage_rows[-1][1])} at batch {S.batch_size} "
           f"({stage_rows[-1][1] / PLAIN.activations(S.batch_size):.0%} of the activations)")
@@ -278,9 +278,9 @@ for stage in lab04.STAGES:
 # whole training step, optimizer included: what the device must actually hold.
 
 # %%
-CKPT = lab04.memory_model(checkpoint_stages(workload.build_model(BASELINE, NUM_CLASSES), lab04.STAGES), SIDE)
+CKPT = lab04_measure.memory_model(checkpoint_stages(workload.build_model(BASELINE, NUM_CLASSES), lab04.STAGES), SIDE)
 ckpt_acts = {b: CKPT.activations(b) for b in common.progress(S.batches, desc="checkpointed")}
-ckpt_intercept, ckpt_per_sample = lab04.fit_line(list(ckpt_acts), list(ckpt_acts.values()))
+ckpt_intercept, ckpt_per_sample = lab04_measure.fit_line(list(ckpt_acts), list(ckpt_acts.values()))
 print(f"checkpointed: {memory.format_bytes(ckpt_intercept)} + {memory.format_bytes(ckpt_per_sample)} per image "
       f"({1 - ckpt_per_sample / per_sample:.0%} less per image)")
 
@@ -538,8 +538,8 @@ resnet = lab04.resnet18(NUM_CLASSES, seed=4)
 xg, yg = torch.randn(16, 3, 32, 32), torch.randint(0, NUM_CLASSES, (16,))
 with torch.no_grad():
     resnet.train()(xg)  # running statistics that are not the initial ones
-BN_GAP = {"train": lab04.batchnorm_gap(accumulate_gradients, resnet.train(), xg, yg, 4),
-          "eval": lab04.batchnorm_gap(accumulate_gradients, resnet.eval(), xg, yg, 4)}
+BN_GAP = {"train": lab04_measure.batchnorm_gap(accumulate_gradients, resnet.train(), xg, yg, 4),
+          "eval": lab04_measure.batchnorm_gap(accumulate_gradients, resnet.eval(), xg, yg, 4)}
 print(f"largest relative gradient gap, batch 16 as 4 micro-batches of 4: BatchNorm in train mode "
       f"{BN_GAP['train']:.1%}, in eval mode {BN_GAP['eval']:.1e}")
 micro_acts, big_acts = PLAIN.activations(S.batch_size), PLAIN.activations(4 * S.batch_size)

@@ -53,7 +53,7 @@ import numpy as np
 from IPython.display import Image, display
 
 from perflab import env, phases, report, workload
-from perflab.labs import common, lab06
+from perflab.labs import common, lab06, lab06_measure, lab06_report
 from perflab.report import figures
 from perflab.report.model import waterfall_steps
 
@@ -91,8 +91,8 @@ print(BEFORE.table())
 # against `MEMORY_BUDGET_SHARE` of this device's memory.
 
 # %%
-BUDGET = lab06.memory_budget_bytes(INFO)
-MEMORY_NEEDED = lab06.needs_checkpointing(BASELINE, INFO)
+BUDGET = lab06_measure.memory_budget_bytes(INFO)
+MEMORY_NEEDED = lab06_measure.needs_checkpointing(BASELINE, INFO)
 print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: unknown",
       "-> checkpointing needed" if MEMORY_NEEDED else "-> the baseline's batch fits")
 PLAN = lab06.plan_changes(INFO, memory_needed=MEMORY_NEEDED)
@@ -107,7 +107,7 @@ for plan in PLAN:
 #
 # * **skip**: leave it out;
 # * **force**: add it (`plan.change.apply(current)`) without screening: memory demands it;
-# * **try**: screen it: `comparison = lab06.screen(current, candidate, S)` times the candidate
+# * **try**: screen it: `comparison = lab06_measure.screen(current, candidate, S)` times the candidate
 #   against what you kept so far in interleaved blocks (a `perflab.timing.Comparison`:
 #   `.speedup`, `.ci()` with `.low`/`.high`). Keep it only if `comparison.ci().low` is above
 #   `lab06.KEEP_ABOVE`: the change made the step measurably faster. A change within noise adds
@@ -136,7 +136,7 @@ for plan in common.progress(PLAN, desc="screening"):
     if plan.action == "force":
         SCREEN.append({"name": plan.change.name, "kept": True, "reason": plan.reason})
     else:
-        comparison = lab06.screen(current, candidate, S)
+        comparison = lab06_measure.screen(current, candidate, S)
         ci = comparison.ci()
         kept = ci.low > lab06.KEEP_ABOVE
         SCREEN.append({"name": plan.change.name, "speedup": comparison.speedup, "ci": [ci.low, ci.high],
@@ -182,7 +182,7 @@ for row in SCREEN:
 # ## 4. Every step against the original baseline
 #
 # Screening answered "keep it or not?". The ablation answers "how fast is each stage of the final
-# configuration, compared with where we started?". `lab06.measure_chain` builds every
+# configuration, compared with where we started?". `lab06_measure.measure_chain` builds every
 # configuration of `CHAIN` and times them in **interleaved rounds**: each round times one block
 # of every configuration, starting with a different one each round, so all of them share the
 # machine's drift, and block *i* of any two configurations are a pair.
@@ -193,7 +193,7 @@ for row in SCREEN:
 
 # %%
 MEASURED = CHAIN if len(CHAIN) > 1 else CHAIN + [("nothing kept (A/A)", BASELINE)]
-TIMES = lab06.measure_chain(MEASURED, S)
+TIMES = lab06_measure.measure_chain(MEASURED, S)
 for name, times in TIMES.items():
     print(f"{name:<24} " + " ".join(f"{t * 1e3:7.1f}" for t in times) + "  ms per block")
 
@@ -348,14 +348,14 @@ assert lab06.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 
 # %%
 NUM_CLASSES = len(workload.build_dataset(BASELINE).base.classes)
-MEMORY = lab06.memory_vs_batch(FINAL, S.memory_batches, NUM_CLASSES)
+MEMORY = lab06_measure.memory_vs_batch(FINAL, S.memory_batches, NUM_CLASSES)
 series = [("FINAL", ckpt, [(r["batch_size"], r["bytes"]) for r in MEMORY if r["checkpointed"] == ckpt])
           for ckpt in (False, True)]
 display(Image(figures.png(figures.memory_lines(series, INFO.gpu_memory_bytes))))
 LARGEST = {}
 if BUDGET:
     for ckpt in (False, True):
-        LARGEST[ckpt] = lab06.largest_batch(MEMORY, BUDGET, ckpt)
+        LARGEST[ckpt] = lab06_measure.largest_batch(MEMORY, BUDGET, ckpt)
     print(f"largest batch under {BUDGET / 2**30:.1f} GiB: {LARGEST[False]} plain, {LARGEST[True]} checkpointed")
 
 # %% [markdown]
@@ -388,7 +388,7 @@ if BUDGET:
 # memory format moves a few borderline images; a broken configuration loses far more.
 
 # %% nbgrader={"grade": true, "grade_id": "test_accuracy", "locked": true, "points": 15, "schema_version": 3, "solution": false, "task": false}
-ACCURACY = lab06.measure_accuracy(BASELINE, FINAL, S.accuracy_steps)
+ACCURACY = lab06_measure.measure_accuracy(BASELINE, FINAL, S.accuracy_steps)
 ACCURACY["tolerance"] = lab06.accuracy_tolerance(ACCURACY["baseline"], ACCURACY["n_eval"])
 print(f"after {ACCURACY['steps']} steps: baseline {ACCURACY['baseline']:.1%}, FINAL {ACCURACY['final']:.1%} "
       f"on {ACCURACY['n_eval']} images (tolerance {ACCURACY['tolerance']:.1%})")
@@ -408,7 +408,7 @@ print(f"{'phase':<10} {'before ms':>10} {'after ms':>10}")
 for name in BEFORE.seconds:
     print(f"{name:<10} {BEFORE.seconds[name] * 1e3:>10.2f} {AFTER.seconds.get(name, 0) * 1e3:>10.2f}")
 final_step = float(np.quantile(list(TIMES.values())[-1], lab06.QUANTILE)) / S.block_steps
-MFU = lab06.mfu(FINAL, final_step)
+MFU = lab06_measure.mfu(FINAL, final_step)
 print(f"\nFINAL: {MFU['flops_per_step'] / 1e9:.2f} GFLOP per step in {final_step * 1e3:.1f} ms = "
       f"{MFU['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s against a {MFU['dtype']} peak of "
       f"{MFU['peak_flops'] / 1e9:.1f} GFLOP/s ({MFU['peak_source']}): MFU "
@@ -474,7 +474,7 @@ if MFU["achieved_flops_per_s"] > MFU["peak_flops"]:
 # batch size, the accuracy kept, the MFU, both verifications, and your analysis.
 
 # %%
-ANALYSIS = lab06.read_analysis()
+ANALYSIS = lab06_report.read_analysis()
 dropped = [{"name": f"{row['name']} (dropped in screening)", "speedup": row["speedup"], "ci": row["ci"],
             "cumulative": False} for row in SCREEN if "speedup" in row and not row["kept"]]
 speedup_rows = [dict(row) for row in ROWS]
@@ -482,7 +482,7 @@ speedup_rows[-1]["verdict"] = VERDICT.outcome if VERDICT.outcome != "error" else
 speedup_rows[-1]["claimed"] = CLAIM
 accuracy_ok = not lab06.accuracy_problems(ACCURACY)
 RESULTS_PATH = common.save_results(lab06.LAB, {
-    "baseline": lab06.step_stat(TIMES["baseline"], S.block_steps, S.batch_size),
+    "baseline": lab06_measure.step_stat(TIMES["baseline"], S.block_steps, S.batch_size),
     "speedups": speedup_rows + dropped,
     "ablation": TABLE,
     "screening": SCREEN,
@@ -511,7 +511,7 @@ print(f"saved {RESULTS_PATH}" + ("" if ANALYSIS else " (no analysis yet: write i
 # `perflab report results/*.json ../lab0*/results/*.json -o report.html`.
 
 # %%
-SOURCES = lab06.find_results()
+SOURCES = lab06_report.find_results()
 REPORT = report.write_report(SOURCES, lab06.REPORT_FILE)
 print(f"wrote {lab06.REPORT_FILE} from " + ", ".join(p.name for p in SOURCES))
 for warning in REPORT.warnings:

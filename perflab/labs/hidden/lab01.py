@@ -3,7 +3,7 @@ probes (`perflab.labs.lab01.PROBES`) returned, and the reference answers they co
 Grader-only: the student bundle and the grading sandbox leave this module out.
 
 Each judge draws the probe's inputs again from the grader's seed with the public case generators of
-`perflab/labs/lab01.py`, computes the reference answer here (FlopCounterMode, perflab.memory,
+`perflab/labs/lab01_checks.py`, computes the reference answer here (FlopCounterMode, perflab.memory,
 perflab.roofline, the grader's own measurement of the training step) and compares: AssertionError on
 the first problem, its message the student's feedback line. `JUDGES` maps grade ids to judges;
 `perflab.grading.judging` runs them in the grading parent, and a solution notebook's hidden blocks
@@ -26,11 +26,9 @@ from torch import nn
 from perflab import diagnose
 from perflab.grading.judging import Context, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab01
-from perflab.labs.lab01 import (
-    COPY_SHARE,
-    DATA_SHARE,
-    MEMORY_TIME_SHARE,
+from perflab.labs import lab01, lab01_checks
+from perflab.labs.lab01 import COPY_SHARE, DATA_SHARE, MEMORY_TIME_SHARE
+from perflab.labs.lab01_checks import (
     RIDGE_GRID,
     TIMER_BAD_ARGS,
     VISIBLE_LINES_SEED,
@@ -124,7 +122,7 @@ def judge_timer_visible(observed: Any, ctx: Context) -> None:
 
 
 def judge_timer_hidden(observed: Any, ctx: Context) -> None:
-    cases = lab01.timer_cases(ctx.seed)
+    cases = lab01_checks.timer_cases(ctx.seed)
     for i, (case, got) in enumerate(zip(cases, _list(observed.get("cases"), len(cases)), strict=True)):
         _expect_timer(got, case, f"case {i} (warmup={case['warmup']}, repeats={case['repeats']})")
     for args, got in zip(TIMER_BAD_ARGS, _list(observed.get("bad"), len(TIMER_BAD_ARGS)), strict=True):
@@ -166,35 +164,35 @@ def judge_counting_visible(observed: Any, ctx: Context) -> None:
 
 
 def judge_counting_layers(observed: Any, ctx: Context) -> None:
-    cases = lab01.counting_cases(ctx.seed)
+    cases = lab01_checks.counting_cases(ctx.seed)
     for spec, got in zip(cases["convs"], _list(observed.get("conv_flops"), len(cases["convs"])), strict=True):
-        conv, shape = lab01.build_conv(spec)
+        conv, shape = lab01_checks.build_conv(spec)
         want = _flop_counter(conv, torch.zeros(shape))
         value = _integer(_value(got, f"conv2d_flops({conv}, {shape})"), "conv2d_flops")
         assert value == want, f"{conv} on input {shape}: you counted {value} FLOPs, FlopCounterMode counts {want}"
     for spec, got in zip(cases["linears"], _list(observed.get("linear_flops"), len(cases["linears"])), strict=True):
-        linear, shape = lab01.build_linear(spec)
+        linear, shape = lab01_checks.build_linear(spec)
         want = _flop_counter(linear, torch.zeros(shape))
         value = _integer(_value(got, f"linear_flops({linear}, {shape})"), "linear_flops")
         assert value == want, f"{linear} on input {shape}: you counted {value} FLOPs, FlopCounterMode counts {want}"
     for spec, got in zip(cases["param_convs"], _list(observed.get("conv_params"), len(cases["param_convs"])),
                          strict=True):
-        conv, _ = lab01.build_conv(spec)
+        conv, _ = lab01_checks.build_conv(spec)
         want = sum(p.numel() for p in conv.parameters())
         value = _integer(_value(got, f"conv2d_params({conv})"), "conv2d_params")
         assert value == want, f"{conv}: you counted {value} parameters, it has {want}"
     for spec, got in zip(cases["param_linears"], _list(observed.get("linear_params"), len(cases["param_linears"])),
                          strict=True):
-        linear, _ = lab01.build_linear(spec)
+        linear, _ = lab01_checks.build_linear(spec)
         want = sum(p.numel() for p in linear.parameters())
         value = _integer(_value(got, f"linear_params({linear})"), "linear_params")
         assert value == want, f"{linear}: you counted {value} parameters, it has {want}"
 
 
 def judge_counting_model(observed: Any, ctx: Context) -> None:
-    case = lab01.model_flops_case(ctx.seed)
+    case = lab01_checks.model_flops_case(ctx.seed)
     shape = tuple(case["shape"])
-    models = lab01.build_flops_models(case)
+    models = lab01_checks.build_flops_models(case)
     for model, got in zip(models, _list(observed, len(models), "model"), strict=True):
         name = type(model).__name__
         value = _integer(_value(got, f"model_forward_flops({name}, {shape})"), "model_forward_flops")
@@ -227,12 +225,12 @@ def judge_memory_visible(observed: Any, ctx: Context) -> None:
 def judge_memory_hidden(observed: Any, ctx: Context) -> None:
     from perflab import memory
 
-    cases = lab01.memory_cases(ctx.seed)
+    cases = lab01_checks.memory_cases(ctx.seed)
     for i, (case, got) in enumerate(zip(cases, _list(observed, len(cases)), strict=True)):
         optimizer, shape = case["optimizer"], tuple(case["shape"])
         where = f"case {i} ({optimizer}, input {shape})"
         budget = _budget(got, f"{where}: training_memory_budget")
-        model = lab01.build_memory_model(case)
+        model = lab01_checks.build_memory_model(case)
         torch.manual_seed(case["torch_seed"])
         with _quiet():
             want = memory.memory_budget(model, optimizer, torch.randn(shape))
@@ -251,8 +249,8 @@ def judge_memory_hidden(observed: Any, ctx: Context) -> None:
 
 
 def _judge_top(observed: Any, seed: int) -> None:
-    table = lab01.profile_table(seed)
-    ns = lab01.profile_ns(seed)
+    table = lab01_checks.profile_table(seed)
+    ns = lab01_checks.profile_ns(seed)
     ranked = sorted(table, key=lambda key: table[key][3], reverse=True)
     for n, got in zip(ns, _list(observed, len(ns), "n"), strict=True):
         assert isinstance(got, dict) and got.get("n") == n, f"n={n}: no result"
@@ -283,8 +281,8 @@ def judge_top_hidden(observed: Any, ctx: Context) -> None:
 
 
 def _judge_slowest(observed: Any, seed: int) -> None:
-    case = lab01.line_case(seed)
-    first = lab01.three_steps.__code__.co_firstlineno
+    case = lab01_checks.line_case(seed)
+    first = lab01_checks.three_steps.__code__.co_firstlineno
     offset, hits, t = max(case["rows"], key=lambda row: row[2])
     lineno, total = first + offset, sum(row[2] for row in case["rows"])
     assert isinstance(observed, dict), "slowest_line: no result"
@@ -329,7 +327,7 @@ def judge_leak_visible(observed: Any, ctx: Context) -> None:
 
 def judge_leak_hidden(observed: Any, ctx: Context) -> None:
     for index, got in enumerate(_list(observed, 2)):
-        case = lab01.leak_case(ctx.seed, index)
+        case = lab01_checks.leak_case(ctx.seed, index)
         filename, lineno = _leak_answer(got, "find_leak(leaky, ...)")
         assert filename == case["filename"] and lineno == case["line"], (
             f"this function keeps what line {case['line']} of {case['filename']} allocates; you found "
@@ -337,7 +335,7 @@ def judge_leak_hidden(observed: Any, ctx: Context) -> None:
 
 
 def judge_preprocess(observed: Any, ctx: Context) -> None:
-    problems = lab01.preprocess_problems(observed, ctx.seed)
+    problems = lab01_checks.preprocess_problems(observed, ctx.seed)
     assert not problems, problems[0]
 
 
@@ -348,18 +346,18 @@ def judge_preprocess(observed: Any, ctx: Context) -> None:
 def judge_trace_visible(observed: Any, ctx: Context) -> None:
     active = observed.get("active")
     assert isinstance(active, int) and not isinstance(active, bool) and active >= 1, f"ACTIVE is {active!r}"
-    problems = lab01.trace_problems(observed.get("names"), active)
+    problems = lab01_checks.trace_problems(observed.get("names"), active)
     assert not problems, problems[0]
 
 
 def judge_profile_hidden(observed: Any, ctx: Context) -> None:
-    active = lab01.profile_active_steps(ctx.seed)
+    active = lab01_checks.profile_active_steps(ctx.seed)
     assert observed.get("is_profile") is True and observed.get("type") == "torch.profiler.profiler.profile", \
         f"profile_training should return the torch.profiler.profile, got {observed.get('type')}"
     names = observed.get("names")
     if isinstance(names, dict) and isinstance(names.get("missing"), str):
         raise AssertionError(names["missing"])
-    problems = lab01.trace_problems(names, active)
+    problems = lab01_checks.trace_problems(names, active)
     assert not problems, problems[0]
     ops = observed.get("ops")
     assert isinstance(ops, list) and any(isinstance(k, str) and k.startswith("aten::") for k in ops), \
@@ -399,13 +397,13 @@ def judge_roofline_visible(observed: Any, ctx: Context) -> None:
 def judge_roofline_hidden(observed: Any, ctx: Context) -> None:
     from perflab import roofline
 
-    cases = lab01.conv_bytes_cases(ctx.seed)
+    cases = lab01_checks.conv_bytes_cases(ctx.seed)
     for (spec, size), got in zip(cases, _list(observed.get("bytes"), len(cases)), strict=True):
-        conv, shape = lab01.build_conv(spec)
+        conv, shape = lab01_checks.build_conv(spec)
         (cost,) = roofline.layer_intensity(conv, shape, torch.float16 if size == 2 else torch.float32)
         value = _integer(_value(got, f"conv2d_bytes({conv}, {shape}, {size})"), "conv2d_bytes")
         assert value == cost.bytes, f"{conv} on {shape} at {size} bytes/element: {value} bytes, expected {cost.bytes}"
-    verdict_cases = lab01.roofline_cases(ctx.seed)
+    verdict_cases = lab01_checks.roofline_cases(ctx.seed)
     for args, got in zip(verdict_cases, _list(observed.get("verdicts"), len(verdict_cases)), strict=True):
         _expect_roofline(got, args)
 
@@ -448,7 +446,7 @@ def judge_bottleneck_visible(observed: Any, ctx: Context) -> None:
 
 
 def judge_bottleneck_rule(observed: Any, ctx: Context) -> None:
-    cases = lab01.bottleneck_cases(ctx.seed)
+    cases = lab01_checks.bottleneck_cases(ctx.seed)
     for (phases, layers, peak, bandwidth), got in zip(cases, _list(observed, len(cases)), strict=True):
         ref = reference_verdict(phases, layers, peak, bandwidth)
         if len(ref["stages_accepted"]) > 1 or len(ref["bounds_accepted"]) > 1:
@@ -479,7 +477,7 @@ def grader_measurement(config: Any, steps: int = 3) -> dict[str, Any]:
 
 
 def _nearest_stage_point(data: float, h2d: float) -> int:
-    grid = lab01.stage_grid()
+    grid = lab01_checks.stage_grid()
     return min(range(len(grid)), key=lambda i: (grid[i][0] - data) ** 2 + (grid[i][1] - h2d) ** 2)
 
 
@@ -495,7 +493,7 @@ def judge_verdict_here(observed: Any, measured: dict[str, Any]) -> dict[str, Any
     on `measured`; near a threshold, or where the grid point and the measurement disagree, both count."""
     m = measured
     ref = reference_verdict(m["phase_seconds"], m["layers"], m["peak_flops"], m["peak_bandwidth"])
-    grid = lab01.stage_grid()
+    grid = lab01_checks.stage_grid()
     stages = _list(observed.get("stages"), len(grid), "grid point")
     s = _nearest_stage_point(ref["data_share"], ref["h2d_share"])
     at = grid[s]
@@ -506,8 +504,8 @@ def judge_verdict_here(observed: Any, measured: dict[str, Any]) -> dict[str, Any
         f"of the step: the stage is {ref['stage']}, you said {stage}")
     bounds = _list(observed.get("bounds"), len(RIDGE_GRID), "grid point")
     r = _nearest_ridge(m["peak_flops"] / m["peak_bandwidth"])
-    grid_ref = reference_verdict(lab01.grid_phases(0.1, 0.0), m["layers"], lab01.GRID_PEAK_FLOPS,
-                                 lab01.GRID_PEAK_FLOPS / RIDGE_GRID[r])
+    grid_ref = reference_verdict(lab01_checks.grid_phases(0.1, 0.0), m["layers"], lab01_checks.GRID_PEAK_FLOPS,
+                                 lab01_checks.GRID_PEAK_FLOPS / RIDGE_GRID[r])
     bound = bounds[r]
     assert bound in (*ref["bounds_accepted"], grid_ref["bound"]), (
         f"on the grading machine memory-bound layers hold {ref['memory_time_share']:.0%} of the model's "

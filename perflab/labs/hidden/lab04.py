@@ -28,14 +28,10 @@ from perflab import memory
 from perflab.counting import restoring_buffers
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab04
-from perflab.labs.lab04 import (
-    CheckpointCase,
-    _full_batch_grads,
-    cross_entropy_on,
-    max_calls,
-    memory_function,
-)
+from perflab.labs import lab04, lab04_checks, lab04_measure
+from perflab.labs.lab04 import max_calls
+from perflab.labs.lab04_checks import CheckpointCase, memory_function
+from perflab.labs.lab04_measure import cross_entropy_on, full_batch_grads
 
 # A correct checkpoint saves what the reference saves; 0.8 leaves room for a wrapper that keeps a
 # little more (an extra view of a stage's input), while a stage split by checkpoint_sequential,
@@ -128,7 +124,7 @@ def observe(function: str, observed: Any, ctx: Context) -> dict[str, Any]:
         if len(_OBSERVED) > 32:
             _OBSERVED.clear()
         nonce = secrets.token_hex(8)
-        program = lab04.observation_program(function, source, ctx.seed).replace(
+        program = lab04_checks.observation_program(function, source, ctx.seed).replace(
             "'PERFLAB-OBSERVED '", f"'PERFLAB-OBSERVED {nonce} '")
         status, output = ctx.run_program(program, timeout=PROGRAM_TIMEOUT_S)
         marker = f"PERFLAB-OBSERVED {nonce} "
@@ -181,7 +177,7 @@ def _compare_tensors(got: Any, want: Sequence[torch.Tensor | None], names: Seque
     that is zero in exact arithmetic, so what is left of it (1e-8 here) is rounding noise, which
     recomputation changes by its own size; held to its own scale it failed the reference itself."""
     assert isinstance(got, list) and len(got) == len(want), f"{where}: {what}: another number of tensors than the model has"
-    reference = lab04.projections(list(want))
+    reference = lab04_checks.projections(list(want))
     scale = max((ref[1] for ref in reference if ref is not None), default=0.0)
     for name, g, w, ref in zip(names, got, want, reference, strict=True):
         if w is None or ref is None:
@@ -193,7 +189,7 @@ def _compare_tensors(got: Any, want: Sequence[torch.Tensor | None], names: Seque
             f"{where}: {what} of {name} could not be read"
         tol = rtol * max(ref[1], scale) + atol
         root = math.sqrt(max(w.numel(), 1))
-        bounds = [root * tol + 1e-12, tol + 1e-12] + [PROJECTION_SIGMAS * root * tol + 1e-12] * lab04.NUM_PROJECTIONS
+        bounds = [root * tol + 1e-12, tol + 1e-12] + [PROJECTION_SIGMAS * root * tol + 1e-12] * lab04_checks.NUM_PROJECTIONS
         worst = max(abs(v - r) / b for v, r, b in zip(values, ref, bounds, strict=True))
         assert worst <= 1.0, (f"{where}: the {what} of {name} differs from the plain model's (norm {values[0]:.6g} "
                               f"against {ref[0]:.6g}, largest entry {values[1]:.6g} against {ref[1]:.6g})")
@@ -204,22 +200,22 @@ def _compare_tensors(got: Any, want: Sequence[torch.Tensor | None], names: Seque
 
 def _plain(case: CheckpointCase) -> tuple[dict[str, Any], list[torch.Tensor | None], list[str], list[list[torch.Tensor]],
                                           list[list[int]]]:
-    """The plain model through the same sequence as `lab04.trace_checkpoint`: its trace, gradients,
+    """The plain model through the same sequence as `lab04_checks.trace_checkpoint`: its trace, gradients,
     parameter names, and BatchNorm state after each of the two steps."""
     model = copy.deepcopy(case.model)
     names = [n for n, _ in model.named_parameters()]
     model.eval()
-    with torch.no_grad(), lab04._quiet():
+    with torch.no_grad(), lab04_measure.quiet():
         eval_out = model(case.x)
-    with lab04._quiet():
+    with lab04_measure.quiet():
         saved = memory.activation_bytes(model.train(), case.x, cross_entropy_on(case.y)).bytes
-    train_out, grads = lab04.train_step_of(model, case.x, case.y)
+    train_out, grads = lab04_checks.train_step_of(model, case.x, case.y)
     grads = [None if g is None else g.clone() for g in grads]
     floats, counts = [], []
     for step in range(2):
         if step:
-            lab04.train_step_of(model, case.x, case.y)
-        f, c = lab04.bn_state(model)
+            lab04_checks.train_step_of(model, case.x, case.y)
+        f, c = lab04_checks.bn_state(model)
         floats.append(f)
         counts.append(c)
     return {"eval_out": eval_out, "train_out": train_out, "saved": saved}, grads, names, floats, counts
@@ -227,7 +223,7 @@ def _plain(case: CheckpointCase) -> tuple[dict[str, Any], list[torch.Tensor | No
 
 def _reference_saved(case: CheckpointCase) -> int:
     model = _reference_checkpoint(copy.deepcopy(case.model), case.stages)
-    with lab04._quiet():
+    with lab04_measure.quiet():
         return memory.activation_bytes(model.train(), case.x, cross_entropy_on(case.y)).bytes
 
 
@@ -246,9 +242,9 @@ def _checkpoint_case(got: Any, case: CheckpointCase) -> tuple[dict[str, Any], di
 
 
 def _on_observation_threads(judge: Callable[[Any, Context], None]) -> Callable[[Any, Context], None]:
-    """`judge` computing its references on the threads the observations ran on (lab04.observation_threads)."""
+    """`judge` computing its references on the threads the observations ran on (lab04_checks.observation_threads)."""
     def judged(observed: Any, ctx: Context) -> None:
-        with lab04.observation_threads():
+        with lab04_checks.observation_threads():
             judge(observed, ctx)
 
     judged.__name__ = judged.__qualname__ = judge.__name__
@@ -259,7 +255,7 @@ def _on_observation_threads(judge: Callable[[Any, Context], None]) -> Callable[[
 @_on_observation_threads
 def judge_checkpoint_visible(observed: Any, ctx: Context) -> None:
     got = observe("checkpoint_stages", observed, ctx)["visible"]
-    case = lab04.visible_checkpoint_case()
+    case = lab04_checks.visible_checkpoint_case()
     got, plain = _checkpoint_case(got, case)
     saved = got.get("saved")
     assert isinstance(saved, int) and saved < 0.6 * plain["saved"], (
@@ -270,7 +266,7 @@ def judge_checkpoint_visible(observed: Any, ctx: Context) -> None:
 @_on_observation_threads
 def judge_checkpoint_hidden(observed: Any, ctx: Context) -> None:
     results = observe("checkpoint_stages", observed, ctx)["hidden"]
-    cases = lab04.checkpoint_cases(ctx.seed)
+    cases = lab04_checks.checkpoint_cases(ctx.seed)
     assert isinstance(results, list) and len(results) == len(cases), "no result for every case"
     for got, case in zip(results, cases, strict=True):
         got, plain = _checkpoint_case(got, case)
@@ -288,7 +284,7 @@ def judge_checkpoint_hidden(observed: Any, ctx: Context) -> None:
 @_on_observation_threads
 def judge_checkpoint_bn(observed: Any, ctx: Context) -> None:
     seen = observe("checkpoint_stages", observed, ctx)
-    cases = [lab04.visible_checkpoint_case(), *lab04.checkpoint_cases(ctx.seed)]
+    cases = [lab04_checks.visible_checkpoint_case(), *lab04_checks.checkpoint_cases(ctx.seed)]
     results = [seen["visible"], *seen["hidden"]]
     for got, case in zip(results, cases, strict=True):
         _raised(got, case.name, "checkpoint_stages")
@@ -364,7 +360,7 @@ def _describe(case: Mapping[str, Any]) -> str:
 
 def judge_largest_batch_visible(observed: Any, ctx: Context) -> None:
     got = observe("largest_batch", observed, ctx)["visible"]
-    cases = lab04.visible_largest_batch_cases()
+    cases = lab04_checks.visible_largest_batch_cases()
     assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
     for one, case in zip(got, cases, strict=True):
         _search(one, case, f"visible case ({_describe(case)})")
@@ -372,19 +368,19 @@ def judge_largest_batch_visible(observed: Any, ctx: Context) -> None:
 
 def judge_largest_batch_hidden(observed: Any, ctx: Context) -> None:
     seen = observe("largest_batch", observed, ctx)
-    cases = lab04.largest_batch_cases(ctx.seed)
+    cases = lab04_checks.largest_batch_cases(ctx.seed)
     got = seen["hidden"]
     assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
     for i, (one, case) in enumerate(zip(got, cases, strict=True)):
         _search(one, case, f"case {i} ({_describe(case)})")
-    for args, one in zip(lab04.LARGEST_BATCH_BAD, seen["bad"], strict=True):
+    for args, one in zip(lab04_checks.LARGEST_BATCH_BAD, seen["bad"], strict=True):
         assert isinstance(one, dict) and one.get("raised") == "ValueError", (
             f"largest_batch with {args} should raise ValueError")
 
 
 def judge_largest_batch_model(observed: Any, ctx: Context) -> None:
     got = observe("largest_batch", observed, ctx)["model"]
-    cases = lab04.model_budget_cases(ctx.seed + 1)
+    cases = lab04_checks.model_budget_cases(ctx.seed + 1)
     assert isinstance(got, list) and len(got) == len(cases), "no result for every budget"
     for one, case in zip(got, cases, strict=True):
         kind = "checkpointed" if case["fn"]["kind"].endswith("checkpointed") else "plain"
@@ -397,9 +393,9 @@ def judge_largest_batch_model(observed: Any, ctx: Context) -> None:
 
 def _accumulate(got: Any, desc: Mapping[str, Any], where: str) -> None:
     _raised(got, where, "accumulate_gradients")
-    model, x, y = lab04.accumulate_setup(desc)
+    model, x, y = lab04_checks.accumulate_setup(desc)
     names = [n for n, _ in model.named_parameters()]
-    want_loss, want_grads = _full_batch_grads(model, x, y)
+    want_loss, want_grads = full_batch_grads(model, x, y)
     assert got.get("mode_kept") is True, f"{where}: the model came back in the other mode (train/eval)"
     n, micro = int(desc["n"]), int(desc["micro"])
     want_sizes = [min(micro, n - start) for start in range(0, n, micro)]
@@ -419,19 +415,19 @@ def _accumulate_where(desc: Mapping[str, Any], label: str) -> str:
 
 @_on_observation_threads
 def judge_accumulate_visible(observed: Any, ctx: Context) -> None:
-    desc = lab04.visible_accumulate_case()
+    desc = lab04_checks.visible_accumulate_case()
     _accumulate(observe("accumulate_gradients", observed, ctx)["visible"], desc, _accumulate_where(desc, "visible case"))
 
 
 @_on_observation_threads
 def judge_accumulate_hidden(observed: Any, ctx: Context) -> None:
     seen = observe("accumulate_gradients", observed, ctx)
-    cases = lab04.accumulate_cases(ctx.seed)
+    cases = lab04_checks.accumulate_cases(ctx.seed)
     got = seen["hidden"]
     assert isinstance(got, list) and len(got) == len(cases), "no result for every case"
     for i, (one, desc) in enumerate(zip(got, cases, strict=True)):
         _accumulate(one, desc, _accumulate_where(desc, f"case {i}"))
-    for micro, one in zip(lab04.ACCUMULATE_BAD, seen["bad"], strict=True):
+    for micro, one in zip(lab04_checks.ACCUMULATE_BAD, seen["bad"], strict=True):
         assert isinstance(one, dict) and one.get("raised") == "ValueError", (
             f"accumulate_gradients with micro_batch_size={micro!r} should raise ValueError")
 

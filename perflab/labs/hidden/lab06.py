@@ -20,16 +20,13 @@ import numpy as np
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab06
-from perflab.labs.lab06 import (
-    CI_SEED,
+from perflab.labs import lab06, lab06_checks, lab06_measure
+from perflab.labs.lab06 import CI_SEED, PARITY, QUANTILE, ratio_ci
+from perflab.labs.lab06_checks import (
     CUMULATIVE_FILE,
-    PARITY,
-    QUANTILE,
     VISIBLE_ABLATION,
     VISIBLE_TABLES,
-    _close,
-    ratio_ci,
+    close_to,
     rows_problems,
 )
 from perflab.workload import TrainConfig
@@ -91,7 +88,7 @@ def table_problems(got: Any, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if not isinstance(g, Mapping):
             return [f"{where}: record {i} should be a dict"]
         for key in ("name", "cumulative", "step"):
-            ok = g.get(key) == w[key] if key == "name" else _close(g.get(key), w[key])
+            ok = g.get(key) == w[key] if key == "name" else close_to(g.get(key), w[key])
             if not ok:
                 return [f"{where}: {w['name']}: {key} {g.get(key)!r}, expected {w[key]!r}"]
         if list(g.get("ci") or []) != list(w["ci"] or []):
@@ -100,7 +97,7 @@ def table_problems(got: Any, rows: Sequence[Mapping[str, Any]]) -> list[str]:
             if g.get("share") is not None:
                 return [f"{where}: {w['name']}: share should be None when the final speedup is within "
                         f"{PARITY:.0%} of 1.0 (no gain to share), got {g.get('share')!r}"]
-        elif not _close(g.get("share"), w["share"], 1e-7):
+        elif not close_to(g.get("share"), w["share"], 1e-7):
             return [f"{where}: {w['name']}: share {g.get('share')!r}, expected log(step) / log(final) = "
                     f"{w['share']:.6g}"]
     return []
@@ -167,7 +164,7 @@ def judge_cumulative_visible(observed: Any, ctx: Context) -> None:
 
 
 def judge_cumulative_hidden(observed: Any, ctx: Context) -> None:
-    good, bad = lab06.cumulative_cases(ctx.seed)
+    good, bad = lab06_checks.cumulative_cases(ctx.seed)
     got_good, got_bad = observed.get("good"), observed.get("bad")
     assert isinstance(got_good, list) and len(got_good) == len(good), "no result for every ablation"
     for (m, kwargs), got in zip(good, got_good, strict=True):
@@ -178,7 +175,7 @@ def judge_cumulative_hidden(observed: Any, ctx: Context) -> None:
 
 
 def judge_ablation_table(observed: Any, ctx: Context) -> None:
-    good, bad = lab06.table_cases(ctx.seed)
+    good, bad = lab06_checks.table_cases(ctx.seed)
     for name, cases in (("visible", list(VISIBLE_TABLES)), ("good", good)):
         got = observed.get(name)
         assert isinstance(got, list) and len(got) == len(cases), "no result for every ablation"
@@ -212,7 +209,7 @@ def judge_accuracy(observed: Any, ctx: Context) -> None:
     final = config_of(observed.get("final"), "FINAL")
     problems = lab06.final_problems(final, mode=ctx.mode)
     assert not problems, problems[0]
-    acc = lab06.measure_accuracy(lab06.baseline_config(ctx.mode), final, lab06.sizes(ctx.mode).accuracy_steps)
+    acc = lab06_measure.measure_accuracy(lab06.baseline_config(ctx.mode), final, lab06.sizes(ctx.mode).accuracy_steps)
     problems = lab06.accuracy_problems(acc)
     assert not problems, problems[0]
 
@@ -227,7 +224,7 @@ def judge_report(observed: Any, ctx: Context) -> None:
         report_path, results_path = Path(tmp) / lab06.REPORT_FILE, Path(tmp) / f"{lab06.LAB}.json"
         report_path.write_text(report, encoding="utf-8")
         results_path.write_text(results, encoding="utf-8")
-        problems = lab06.report_problems(report_path, results_path)
+        problems = lab06_checks.report_problems(report_path, results_path)
     assert not problems, problems[0].replace(str(report_path), lab06.REPORT_FILE)
 
 

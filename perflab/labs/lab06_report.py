@@ -1,0 +1,65 @@
+"""Lab 6's report inputs: the student's written analysis read back from the saved notebook
+(`read_analysis`) and every lab's results file found beside this one (`find_results`), from which
+the notebook renders the optimization report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from perflab.labs.lab06 import ANALYSIS_GRADE_ID, NOTEBOOK
+
+# What nbgrader leaves in an unanswered written cell.
+UNANSWERED = "YOUR ANSWER HERE"
+
+
+def read_analysis(notebook: str | os.PathLike[str] = NOTEBOOK, grade_id: str = ANALYSIS_GRADE_ID) -> str:
+    """The text of the notebook's written-analysis cell as last saved ('' if unanswered).
+
+    The kernel cannot see a cell's text, only the file: in Jupyter, save the notebook first.
+    """
+    path = Path(notebook)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: the notebook is not in the working folder; run it from its own "
+                                "folder (Jupyter does) so its analysis cell can be read") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a readable notebook ({exc})") from None
+    for cell in doc.get("cells", []):
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            source = cell.get("source", "")
+            text = "".join(source) if isinstance(source, list) else str(source)
+            text = text.strip()
+            return "" if text == UNANSWERED else text
+    raise ValueError(f"{path}: no cell with grade_id {grade_id!r} (the analysis cell)")
+
+
+def find_results(folder: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Results files of every lab the student has run, one per lab, valid ones only, in lab order.
+
+    Looks in `folder`/results (this lab's own) and in the results folder of each sibling lab folder
+    (`../lab0*/results/lab0*.json`: the labs sit side by side in labs/). A file that fails validation is
+    left out (perflab.results says why in the log); this lab's own file wins over a copy elsewhere.
+    """
+    import logging
+
+    from perflab import results
+
+    here = Path(folder or Path.cwd()).resolve()
+    candidates = sorted(here.glob("results/lab0*.json"))
+    candidates += sorted(here.parent.glob("lab0*/results/lab0*.json"))
+    found: dict[str, Path] = {}
+    for path in candidates:
+        if not re.fullmatch(r"lab\d\d_\w+\.json", path.name):  # not a results file: a trace, a candidate, a temp
+            continue
+        try:
+            doc = results.load(path)
+        except results.ResultsError as exc:
+            logging.getLogger(__name__).warning("left out of the report: %s", exc)
+            continue
+        found.setdefault(doc["lab"], path)
+    return [found[lab] for lab in sorted(found)]
