@@ -95,6 +95,20 @@ class CellRow:
                    _need(data, "error", str, optional=True), verdict)
 
 
+def _document(data: str | bytes, schema: str, version: int) -> dict[str, Any]:
+    """The JSON object in `data` of `schema` at `version`, or ResultError saying what it is instead."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        raise ResultError("not a JSON document") from None
+    if not isinstance(doc, dict):
+        raise ResultError("top level: expected an object")
+    if doc.get("schema") != schema or doc.get("version") != version:
+        raise ResultError(f"field 'schema'/'version': expected {schema} {version}, "
+                          f"got {doc.get('schema')!r} {doc.get('version')!r}")
+    return doc
+
+
 def _finding(data: Any) -> Finding:
     if not isinstance(data, dict):
         raise ResultError("a finding: expected an object")
@@ -133,15 +147,7 @@ class WorkerReport:
         """The report in `data`, or ResultError: not JSON, not an object, another schema or version,
         or an error that is not text. A notebook that is not text and observations that are not an
         object count as absent (the judges then find nothing to credit)."""
-        try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise ResultError("not a JSON document") from None
-        if not isinstance(doc, dict):
-            raise ResultError("top level: expected an object")
-        if doc.get("schema") != WORKER_SCHEMA or doc.get("version") != WORKER_VERSION:
-            raise ResultError(f"field 'schema'/'version': expected {WORKER_SCHEMA} {WORKER_VERSION}, "
-                              f"got {doc.get('schema')!r} {doc.get('version')!r}")
+        doc = _document(data, WORKER_SCHEMA, WORKER_VERSION)
         notebook, observations = doc.get("notebook"), doc.get("observations")
         return cls(notebook if isinstance(notebook, str) else None,
                    observations if isinstance(observations, dict) else None,
@@ -184,15 +190,7 @@ class SubmissionResult:
     @classmethod
     def from_json(cls, text: str) -> SubmissionResult:
         """The result a Ray worker sent, or ResultError naming what does not fit."""
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            raise ResultError("not a JSON document") from None
-        if not isinstance(doc, dict):
-            raise ResultError("top level: expected an object")
-        if doc.get("schema") != SUBMISSION_SCHEMA or doc.get("version") != SUBMISSION_VERSION:
-            raise ResultError(f"field 'schema'/'version': expected {SUBMISSION_SCHEMA} {SUBMISSION_VERSION}, "
-                              f"got {doc.get('schema')!r} {doc.get('version')!r}")
+        doc = _document(text, SUBMISSION_SCHEMA, SUBMISSION_VERSION)
         for key in ("cells", "events", "findings", "sandbox_notes"):
             _need(doc, key, list)
         notes = doc["sandbox_notes"]

@@ -82,6 +82,7 @@ import torch
 from torch import nn
 
 from perflab import diagnose
+from perflab.labs.common import moved_names
 
 LAB = "lab01_measure"
 
@@ -453,13 +454,5 @@ PROBES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved to lab01_checks, still reachable as `lab01.<name>`: a notebook released before
-    the move may call them in cells the student owns."""
-    import importlib
-
-    if not name.startswith("_"):
-        found = importlib.import_module("perflab.labs.lab01_checks")
-        if hasattr(found, name):
-            return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Names that moved to the checks and helpers stay reachable as `lab01.<name>` (a notebook released before).
+__getattr__ = moved_names(__name__, "perflab.labs.lab01_checks")

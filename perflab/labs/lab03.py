@@ -60,6 +60,7 @@ from perflab.labs.common import (  # noqa: F401
     accepted,
     changed_fields_problems,
     inconclusive_policy,
+    moved_names,
     report,
     verify_against_bar,
 )
@@ -457,14 +458,5 @@ PROBES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved to lab03_figures and lab03_checks, still reachable as `lab03.<name>`: a
-    notebook released before the move calls `lab03.loss_curves(...)` in cells the student owns."""
-    import importlib
-
-    if not name.startswith("_"):
-        for module in ("perflab.labs.lab03_figures", "perflab.labs.lab03_checks"):
-            found = importlib.import_module(module)
-            if hasattr(found, name):
-                return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Names that moved to the checks and helpers stay reachable as `lab03.<name>` (a notebook released before).
+__getattr__ = moved_names(__name__, "perflab.labs.lab03_figures", "perflab.labs.lab03_checks")

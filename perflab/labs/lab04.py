@@ -91,6 +91,7 @@ import torch
 from torch import nn
 
 from perflab import env, memory, workload
+from perflab.labs.common import moved_names
 from perflab.workload import TrainConfig
 
 LAB = "lab04_memory"
@@ -421,14 +422,5 @@ PROBES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved to lab04_measure and lab04_checks, still reachable as `lab04.<name>`: a
-    notebook released before the move calls `lab04.memory_model(...)` in cells the student owns."""
-    import importlib
-
-    if not name.startswith("_"):
-        for module in ("perflab.labs.lab04_measure", "perflab.labs.lab04_checks"):
-            found = importlib.import_module(module)
-            if hasattr(found, name):
-                return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Names that moved to the checks and helpers stay reachable as `lab04.<name>` (a notebook released before).
+__getattr__ = moved_names(__name__, "perflab.labs.lab04_measure", "perflab.labs.lab04_checks")

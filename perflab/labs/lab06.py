@@ -67,6 +67,7 @@ from perflab.labs.common import (  # noqa: F401
     accepted,
     changed_fields_problems,
     inconclusive_policy,
+    moved_names,
     report,
     verify_against_bar,
 )
@@ -473,15 +474,5 @@ PROBES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved to lab06_measure, lab06_report and lab06_checks, still reachable as
-    `lab06.<name>`: a notebook released before the move calls `lab06.screen(...)` in cells the student
-    owns."""
-    import importlib
-
-    if not name.startswith("_"):
-        for module in ("perflab.labs.lab06_measure", "perflab.labs.lab06_report", "perflab.labs.lab06_checks"):
-            found = importlib.import_module(module)
-            if hasattr(found, name):
-                return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Names that moved to the checks and helpers stay reachable as `lab06.<name>` (a notebook released before).
+__getattr__ = moved_names(__name__, "perflab.labs.lab06_measure", "perflab.labs.lab06_report", "perflab.labs.lab06_checks")
