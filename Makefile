@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-grade labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-mystery bench-grade labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ sync: $(STAMP)  ## rewrite each solutions/ notebook from its jupytext .py twin
 
 bench-verify: setup  ## accuracy study of the speedup-verification protocol (prints a table)
 	$(PYTHON) bench/bench_verify.py
+
+bench-mystery: setup  ## what lab 1's planted bugs cost, and each id's fix re-measured by perflab.verify
+	$(PYTHON) bench/bench_mystery.py
 
 bench-grade: setup  ## grading throughput: serial, local pool, Ray
 	$(PYTHON) bench/bench_grade.py

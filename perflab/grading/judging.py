@@ -66,6 +66,8 @@ class Context:
     child_runner: Callable[..., Any] | None = None
     # Runs a program of the student's code (`run_program`) in the grading sandbox; None: a local process.
     program_runner: Callable[[str, float], tuple[int, str]] | None = None
+    # The submission's student id (the grader's, never the notebook's): per-student work is drawn from it.
+    student: str = ""
 
     def observed(self, grade_id: str) -> Any:
         """Another cell's observation (a verified cell reads the configuration its lab exported)."""
@@ -90,12 +92,14 @@ class Context:
             return -9, f"timeout after {timeout:.0f} s"
         return done.returncode, done.stdout + done.stderr
 
-    def verify_module(self, baseline: Any, source: str, expectation_name: str, *, label: str,
+    def verify_module(self, baseline: Any, source: str, expectation_name: Any, *, label: str,
                       claim: float | None = None, max_pairs: int | None = None,
-                      max_seconds: float | None = None, measure_activations: bool = False) -> tuple[Any, Any]:
+                      max_seconds: float | None = None, measure_activations: bool = False,
+                      **factory_kwargs: Any) -> tuple[Any, Any]:
         """Re-measure a module of the student's code (`source`, following `perflab.verify.candidates`'
-        contract) against perflab's `baseline`, its child run by `child_runner` (in the grading sandbox):
-        (verdict, expectation) as `perflab.labs.common.verify_against_bar` returns them."""
+        contract; `factory_kwargs` go to its factory after the seed) against perflab's `baseline`, its
+        child run by `child_runner` (in the grading sandbox): (verdict, expectation) as
+        `perflab.labs.common.verify_against_bar` returns them (`expectation_name` may be an `Expectation`)."""
         import tempfile
 
         from perflab.labs.common import verify_against_bar
@@ -104,7 +108,8 @@ class Context:
         with tempfile.TemporaryDirectory(prefix="perflab-candidate-") as tmp:
             path = Path(tmp) / "candidate.py"
             path.write_text(source, encoding="utf-8")
-            return verify_against_bar(baseline, Side.module(path, label=label), expectation_name, claim=claim,
+            return verify_against_bar(baseline, Side.module(path, label=label, **factory_kwargs), expectation_name,
+                                      claim=claim,
                                       max_pairs=max_pairs, max_seconds=max_seconds, runner=self.child_runner,
                                       measure_activations=measure_activations)
 
@@ -170,7 +175,8 @@ def check_here(lab: str, grade_id: str, namespace: Mapping[str, Any], seed: int 
     if grade_id not in probes or grade_id not in judges:
         raise KeyError(f"{lab}: no probe and judge for {grade_id!r}")
     observations = run_probes({grade_id: probes[grade_id]}, namespace, seed)
-    ctx = Context(lab, seed, mode or env.run_mode(), observations)
+    student = os.environ.get("PERFLAB_STUDENT_ID", "") or str(namespace.get("STUDENT_ID", "") or "")
+    ctx = Context(lab, seed, mode or env.run_mode(), observations, student=student)
     mark = judge_cell(grade_id, judges[grade_id], ctx)
     if mark.fraction < 1.0:
         raise AssertionError(mark.message or f"{grade_id}: {mark.fraction:.0%} of the points")

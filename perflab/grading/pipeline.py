@@ -46,6 +46,7 @@ from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.checks import Finding, grade_id
 from perflab.grading.result import CellRow, ResultError, SubmissionResult, WorkerReport
 from perflab.grading.state import CellResult, Record, State, lock, sha256
+from perflab.mystery import STUDENT_ENV
 from perflab.verify.protocol import CLAIM_CONTRADICTED
 
 log = logging.getLogger(__name__)
@@ -347,7 +348,8 @@ def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Se
     env = {"HOME": str(workdir / "home"), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
            "IPYTHONDIR": str(workdir / "home" / ".ipython"), "MPLCONFIGDIR": str(workdir / "cache" / "mpl"),
            "XDG_CACHE_HOME": str(workdir / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "cache" / "inductor"),
-           "PYTHONDONTWRITEBYTECODE": "1", **settings.env}
+           "PYTHONDONTWRITEBYTECODE": "1", **settings.env,
+           STUDENT_ENV: job.student}  # the id a lab draws per-student work for (lab 1's mystery pipeline)
     (workdir / "job.json").write_text(json.dumps({
         "lab": job.lab, "student": job.student, "notebook": info.notebook, "sha256": job.sha256,
         "cell_timeout": settings.cell_timeout, "env": env, "seed": seed,
@@ -479,7 +481,8 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         box = {"limits": settings.limits, "hide": hide, "cpus": cpus, "gpu": gpu}
         runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
         with _timing_lock(timing_lock):
-            result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners)))
+            result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
+                                                      student=job.student)))
     return result
 
 
@@ -543,7 +546,8 @@ LIBRARY_CALLBACKS = ("matplotlib", "matplotlib_inline", "IPython.", "ipykernel."
 
 
 def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str], seed: int, mode: str,
-          runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None)) -> list[CellRow]:
+          runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None),
+          student: str = "") -> list[CellRow]:
     """Every graded cell's row, decided here: autograded cells by the lab's judges from the
     observations, written answers left to a person (0 when left as released)."""
     judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
@@ -551,7 +555,7 @@ def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str]
     cells_seen = observations.get("cells") if isinstance(observations, dict) else None
     if not isinstance(cells_seen, dict) or observations.get("schema") != harness.OBSERVATIONS_SCHEMA:
         cells_seen = {}
-    ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners)
+    ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners, student=student)
     answered = manual_answers(result.notebook, tmpl, info)
     rows = []
     for cell in info.cells:

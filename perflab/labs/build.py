@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perflab.mystery import STUDENT_ENV
+
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +40,9 @@ NOTEBOOK_METADATA = {"kernelspec": KERNELSPEC, "language_info": {"name": "python
 # The header jupytext writes at the top of a .py twin.
 JUPYTEXT_FORMAT = "py:percent"
 NBFORMAT_MINOR = 5
+
+# The student id a solution runs as outside the grader (`make lab`), unless PERFLAB_STUDENT_ID is set.
+RUN_STUDENT = "reference"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +249,8 @@ def run_notebook(path: Path, *, mode: str | None = None, timeout: int = 900,
 
     nb = read_notebook(path)
     changes = {"PERFLAB_MODE": mode} if mode else {}
+    if not os.environ.get(STUDENT_ENV):  # lab 1's mystery pipeline is drawn for a student id
+        changes[STUDENT_ENV] = RUN_STUDENT
     with tempfile.TemporaryDirectory(prefix="perflab-run-") as tmp:
         cwd = workdir or Path(tmp)
         cwd.mkdir(parents=True, exist_ok=True)

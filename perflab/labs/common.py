@@ -238,7 +238,7 @@ class FakeClock:
         self.now += seconds
 
 
-def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, claim: float | None = None,
+def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, claim: float | None = None,
                        max_pairs: int | None = None, max_seconds: float | None = None,
                        runner: Any = None, measure_activations: bool = False) -> tuple[Any, Any]:
     """Re-measure `candidate` against `baseline` in a fresh interpreter (`perflab.verify.verify`),
@@ -252,10 +252,14 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: str, *, 
     """
     from perflab.grading.timelock import timed_section
     from perflab.verify import Budget, Verdict, load_expectation, verify
+    from perflab.verify.expectations import Expectation
     from perflab.workload import TrainConfig
 
-    expectation = load_expectation(expectation_name,
-                                   workload=baseline if isinstance(baseline, TrainConfig) else None)
+    if isinstance(expectation_name, Expectation):  # a bar set by a rule of the lab's own (lab 1's mystery)
+        expectation = expectation_name
+    else:
+        expectation = load_expectation(expectation_name,
+                                       workload=baseline if isinstance(baseline, TrainConfig) else None)
     if in_grading_kernel():
         return Verdict("deferred", "deferred", DEFERRED_REASON, expectation.threshold, claim=claim), expectation
     budget = None

@@ -37,13 +37,8 @@ Memory budget of one training step, in bytes
         storage counted once at its full size, parameters left out.
 
 Profilers
-    top_by_cumulative(stats: pstats.Stats, n) -> list[FunctionRow]
-        The `n` functions with the most cumulative time, most first (fewer if the profile has
-        fewer), with pstats' own numbers for them (calls = total calls, not primitive ones).
-    slowest_line(stats: line_profiler.LineStats, func) -> LineTiming
-        The line of `func` with the most total time, from `stats.timings[key]` where key is
-        (func.__code__.co_filename, func.__code__.co_firstlineno, func.__name__); seconds are
-        time * stats.unit; share is that line's time over all lines of `func`.
+    The mystery pipeline (part 10): DIAGNOSIS, FIXED_PIPELINE, FIX_SPEEDUP, TRACE_FILE and
+    TRACE_ANSWERS, as `perflab.labs.lab01_mystery` states them.
     find_leak(fn, make_input, calls=50) -> (filename, lineno)
         The source line whose allocations grow most while `fn(make_input())` runs `calls` times,
         by tracemalloc snapshots taken before and after (compared by "lineno").
@@ -82,6 +77,7 @@ import torch
 from torch import nn
 
 from perflab import diagnose
+from perflab.labs import lab01_mystery
 from perflab.labs.common import moved_names
 
 LAB = "lab01_measure"
@@ -107,26 +103,6 @@ REQUIRED_LABELS = ("data", "forward", "backward", "optimizer")
 
 # ---------------------------------------------------------------------------------------------
 # Types the student's functions return
-
-
-@dataclass(frozen=True)
-class FunctionRow:
-    """One function of a cProfile profile: pstats' key (filename, line, name) and its numbers."""
-
-    function: tuple[str, int, str]
-    calls: int
-    tottime: float
-    cumtime: float
-
-
-@dataclass(frozen=True)
-class LineTiming:
-    """One line of a line_profiler profile."""
-
-    lineno: int
-    hits: int
-    seconds: float
-    share: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,18 +322,6 @@ def _probe_memory_hidden(answers: Any, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _probe_top(answers: Any, seed: int, visible: bool) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import VISIBLE_PROFILE_SEED, observe_top
-
-    return observe_top(answers["top_by_cumulative"], VISIBLE_PROFILE_SEED if visible else seed)
-
-
-def _probe_slowest(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import VISIBLE_LINES_SEED, observe_slowest
-
-    return observe_slowest(answers["slowest_line"], VISIBLE_LINES_SEED if visible else seed)
-
-
 def _probe_leak_visible(answers: Any, seed: int) -> dict[str, Any]:
     from perflab.grading.probing import outcome
 
@@ -437,10 +401,6 @@ PROBES = {
     "counting_hidden_model": _probe_counting_model,
     "memory_budget_visible": _probe_memory_visible,
     "memory_budget_hidden": _probe_memory_hidden,
-    "top_by_cumulative_visible": lambda answers, seed: _probe_top(answers, seed, True),
-    "top_by_cumulative_hidden": lambda answers, seed: _probe_top(answers, seed, False),
-    "slowest_line_visible": lambda answers, seed: _probe_slowest(answers, seed, True),
-    "slowest_line_hidden": lambda answers, seed: _probe_slowest(answers, seed, False),
     "find_leak_visible": _probe_leak_visible,
     "find_leak_hidden": _probe_leak_hidden,
     "preprocess_fixed_check": _probe_preprocess,
@@ -451,6 +411,7 @@ PROBES = {
     "bottleneck_visible": _probe_bottleneck_visible,
     "bottleneck_rule_hidden": _probe_bottleneck_rule,
     "bottleneck_here": _probe_bottleneck_here,
+    **lab01_mystery.PROBES,
 }
 
 

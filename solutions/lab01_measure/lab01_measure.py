@@ -17,14 +17,15 @@
 # | part | instrument | you write | points |
 # | --- | --- | --- | --- |
 # | 1 | a timer: warm-up, sync, median and tails | `time_callable` | 10 |
-# | 2 | FLOPs and parameters by closed form, checked against `FlopCounterMode` | `conv2d_flops`, `linear_flops`, `conv2d_params`, `linear_params`, `model_forward_flops` | 15 |
-# | 3 | the memory budget of a training step | `training_memory_budget` | 10 |
-# | 4 | cProfile + pstats on the training loop | `top_by_cumulative` | 7 |
-# | 5 | line_profiler on the data pipeline | `slowest_line` | 6 |
+# | 2 | FLOPs and parameters by closed form, checked against `FlopCounterMode` | `conv2d_flops`, `linear_flops`, `conv2d_params`, `linear_params`, `model_forward_flops` | 12 |
+# | 3 | the memory budget of a training step | `training_memory_budget` | 8 |
+# | 4 | cProfile + pstats on the training loop | (you read it) | — |
+# | 5 | line_profiler on the data pipeline | (you read it) | — |
 # | 6 | a memory profiler on a leaking preprocessing step | `find_leak`, `preprocess_fixed` | 10 |
 # | 7 | torch.profiler with a schedule, phase labels and a trace | `profile_training` | 8 |
 # | 8 | the roofline | `conv2d_bytes`, `roofline_verdict` | 7 |
 # | 9 | the verdict: data or model, compute or memory | `bottleneck_verdict` | 10 |
+# | 10 | the mystery pipeline: find its planted bottlenecks, fix them, read its trace | `DIAGNOSIS`, a fixed copy, `TRACE_ANSWERS` | 18 |
 # | — | written analysis (graded by hand) | three answers | 17 |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
@@ -52,6 +53,7 @@ import cProfile
 import inspect
 import io
 import math
+import pathlib
 import pstats
 import time
 import tracemalloc
@@ -62,9 +64,10 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, record_function
 
-from perflab import counting, dataset, env, memory, phases, roofline, timing, workload
+from perflab import counting, dataset, env, memory, mystery, phases, roofline, timing, workload
 from perflab.labs import common, lab01
-from perflab.labs.lab01 import FakeDevice, FunctionRow, LineTiming
+from perflab.labs import lab01_mystery
+from perflab.labs.lab01 import FakeDevice
 
 common.setup_notebook()
 LAB = lab01.LAB
@@ -291,7 +294,7 @@ resnet = workload.build_model(workload.TrainConfig(device="cpu"), num_classes=10
 assert model_forward_flops(resnet, (1, 3, 224, 224)) == 3_628_146_688  # 1.81 G multiply-adds
 print("visible tests passed")
 
-# %% nbgrader={"grade": true, "grade_id": "counting_hidden_layers", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "counting_hidden_layers", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random convolutions (strides, padding, dilation, groups, bias) and linear layers,
 # each compared with what FlopCounterMode counts; parameter counts against the real tensors.
 ### BEGIN HIDDEN TESTS
@@ -407,7 +410,7 @@ assert budget["optimizer"] == 2 * 4 * n_params, budget
 assert budget["activations"] == 4 * (2 * 3 * 4 * 4 + 2 * 8 * 4 * 4), budget
 print("visible tests passed:", budget)
 
-# %% nbgrader={"grade": true, "grade_id": "memory_budget_hidden", "locked": true, "points": 7, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "memory_budget_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random CNNs with BatchNorm and frozen layers, SGD, SGD with momentum and Adam,
 # against perflab.memory's measurement (the optimizer state from a real step).
 ### BEGIN HIDDEN TESTS
@@ -444,7 +447,6 @@ RESULTS["memory_budget"] = budgets["sgd-momentum"]
 for name, b in budgets.items():
     print(name, {k: memory.format_bytes(v) for k, v in b.items()})
 
-
 # %% [markdown]
 # ## Part 4 — cProfile: which Python functions take the time
 #
@@ -454,42 +456,11 @@ for name, b in budgets.items():
 # whatever part of it costs most. It is deterministic (it sees every call) and therefore slows Python
 # code down; time spent inside one C call (a convolution) is not inflated.
 #
-# `pstats.Stats(profiler).stats` maps each function key `(filename, line, name)` to
-# `(primitive calls, total calls, tottime, cumtime, callers)`. Write `top_by_cumulative`.
-
-# %% nbgrader={"grade": false, "grade_id": "top_by_cumulative", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def top_by_cumulative(stats, n):
-    """The `n` functions with the most cumulative time, as FunctionRow, most first."""
-    ### BEGIN SOLUTION
-    rows = [FunctionRow(key, nc, tt, ct) for key, (_cc, nc, tt, ct, _callers) in stats.stats.items()]
-    rows.sort(key=lambda row: row.cumtime, reverse=True)
-    return rows[:n]
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "top_by_cumulative_visible", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-def _inner():
-    return sum(i * i for i in range(20_000))
-
-
-def _outer():
-    return _inner() + _inner()
-
-
-profiler = cProfile.Profile()
-profiler.runcall(_outer)
-rows = top_by_cumulative(pstats.Stats(profiler), 3)
-assert len(rows) == 3 and all(isinstance(r, FunctionRow) for r in rows)
-assert rows[0].function[2] == "_outer" and rows[1].function[2] == "_inner", [r.function for r in rows]
-assert rows[1].calls == 2 and rows[0].cumtime >= rows[1].cumtime >= rows[2].cumtime
-print("visible tests passed")
-
-# %% nbgrader={"grade": true, "grade_id": "top_by_cumulative_hidden", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-# Hidden tests: a random call tree; rows, numbers and order against pstats.
-### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
-hidden01.check("top_by_cumulative_hidden", globals())
-### END HIDDEN TESTS
+# `pstats.Stats(profiler)` reads a profile; `.sort_stats("cumulative").print_stats(n)` prints its top
+# `n` functions, and `.stats` maps each function key `(filename, line, name)` to
+# `(primitive calls, total calls, tottime, cumtime, callers)` when you want the numbers themselves.
+# You will point this instrument, and the next three, at a pipeline nobody has diagnosed for you in
+# part 10.
 
 # %% [markdown]
 # Profile the baseline training loop (`perflab.workload.train`) for a few steps and read the top of
@@ -500,11 +471,11 @@ hidden01.check("top_by_cumulative_hidden", globals())
 profiler = cProfile.Profile()
 profiler.runcall(workload.train, CONFIG, min(SIZES.steps, 8))
 train_stats = pstats.Stats(profiler)
+top = sorted(train_stats.stats.items(), key=lambda item: item[1][3], reverse=True)[:25]
 print(f"{'cumtime s':>10} {'tottime s':>10} {'calls':>7}  function")
-for row in top_by_cumulative(train_stats, 25):
-    filename, line, name = row.function
+for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in top:
     where = f"{filename.split('site-packages/')[-1]}:{line}" if line else filename
-    print(f"{row.cumtime:>10.3f} {row.tottime:>10.3f} {row.calls:>7}  {name}  ({where})")
+    print(f"{cumtime:>10.3f} {tottime:>10.3f} {calls:>7}  {name}  ({where})")
 
 # %% [markdown]
 # ## Part 5 — line_profiler: which line of the data pipeline
@@ -544,38 +515,18 @@ for path in common.progress(paths[: 24 if SMALL_RUN else 300], desc="line_profil
 pipeline_stats = lprof.get_stats()
 lprof.print_stats(stream=None, output_unit=1e-3)
 
-
 # %% [markdown]
 # `get_stats()` returns a `LineStats` whose `timings` map each profiled function's key
 # `(filename, first line, name)` to a list of `(line number, hits, time)`, time in units of
-# `stats.unit` seconds. Write `slowest_line`.
+# `stats.unit` seconds: the slowest line of the pipeline, read off it.
 
-# %% nbgrader={"grade": false, "grade_id": "slowest_line", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def slowest_line(stats, func):
-    """The line of `func` with the most total time, as LineTiming(lineno, hits, seconds, share)."""
-    ### BEGIN SOLUTION
-    code = func.__code__
-    timings = stats.timings[(code.co_filename, code.co_firstlineno, func.__name__)]
-    total = sum(t for _, _, t in timings)
-    lineno, hits, t = max(timings, key=lambda row: row[2])
-    return LineTiming(lineno, hits, t * stats.unit, t / total if total else 0.0)
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "slowest_line_visible", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-slowest = slowest_line(pipeline_stats, load_sample)
-assert isinstance(slowest, LineTiming) and 0 < slowest.share <= 1 and slowest.seconds > 0
-first = load_sample.__code__.co_firstlineno
+# %%
+code = load_sample.__code__
+timings = pipeline_stats.timings[(code.co_filename, code.co_firstlineno, code.co_name)]
+lineno, hits, t = max(timings, key=lambda row: row[2])
 source = inspect.getsource(load_sample).splitlines()
-print(f"slowest line: {source[slowest.lineno - first].strip()!r}: {slowest.share:.0%} of the pipeline, "
-      f"{slowest.seconds / slowest.hits * 1e3:.2f} ms per call")
-
-# %% nbgrader={"grade": true, "grade_id": "slowest_line_hidden", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-# Hidden tests: a function with one planted slow line, profiled by line_profiler.
-### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
-hidden01.check("slowest_line_hidden", globals())
-### END HIDDEN TESTS
+print(f"slowest line: {source[lineno - code.co_firstlineno].strip()!r}: "
+      f"{t / sum(row[2] for row in timings):.0%} of the pipeline, {t * pipeline_stats.unit / hits * 1e3:.2f} ms per call")
 
 # %% [markdown]
 # ## Part 6 — A memory profiler on a leaking preprocessing step
@@ -1023,6 +974,264 @@ print(verdict)
 # entirely here, a 15–25% gain, leaving a purely compute-bound step; after that only cheaper arithmetic
 # (bf16 on AMX CPUs, lab 3) helps. On a GPU the verdict flips: the model becomes ten times faster, the
 # single-process JPEG pipeline does not, and the data share rises above half.
+
+# %% [markdown]
+# ## Part 10 — The mystery pipeline
+#
+# So far you pointed each instrument where we told you to. Real profiling is detective work: a
+# training script is slow and nobody knows why. Below, the kit writes **your own** ResNet-18 training
+# script, `mystery_pipeline.py`: it trains correctly, but two or three performance bugs have been
+# planted in it, drawn for your student id (your neighbour's pipeline has other bugs, on other lines).
+# Each is something real scripts carry, and each shows up in one of the instruments of this lab.
+#
+# Work as the course teaches, in four phases: the **baseline** (time a step), the **bottleneck type**
+# (data, host-device sync, compute or memory), the **component** (which function), the **operation**
+# (which line). Then fix a copy, and prove the fix. The contract (`perflab/labs/lab01_mystery.py`):
+#
+# * `DIAGNOSIS`: one dict per bug you found, with the `line` of `mystery_pipeline.py` where it is,
+#   its `function`, its `kind` (`"data"`, `"sync"`, `"compute"` or `"memory"`), the `tool` that showed
+#   it (one of `lab01_mystery.TOOLS`), the `evidence` (your numbers) and the `fix` — **8 points**, a
+#   share per bug for the line and for the type. A finding at a line with no bug costs as much as a right
+#   one earns: report what your measurements show, not every line you suspect.
+# * `FIXED_PIPELINE`: your fixed copy, written **by a cell of this notebook** (only the notebook is
+#   submitted), and `FIX_SPEEDUP`, the speedup you measured — **6 points**. The grader re-measures your
+#   copy against the planted pipeline in its own process: it must be faster, and train exactly as the
+#   planted one does (the same losses on the same samples; a "fix" that changes the training is no fix).
+# * `TRACE_FILE` and `TRACE_ANSWERS`: numbers you read off your pipeline's torch.profiler trace — **4
+#   points**. The grader parses the same file and checks each answer.
+#
+# Your id: the grader draws your pipeline from the id it grades you under, whatever this notebook
+# says. If the line below cannot find it (it reads `PERFLAB_STUDENT_ID`, set by the grader, then what
+# you type into `MY_ID`, then your JupyterHub user name), type your course id into `MY_ID`.
+
+# %%
+MY_ID = ""  # your course id, as your instructor grades you
+STUDENT_ID = mystery.student_id(MY_ID)
+PIPELINE = lab01_mystery.write_pipeline(STUDENT_ID)
+print(f"the mystery pipeline of {STUDENT_ID!r} is in {PIPELINE.resolve()}")
+print(f"run it from a terminal too: python {PIPELINE.name} --steps 30")
+
+# %% [markdown]
+# **Phase 1, the baseline: read the trace.** Start with the big picture. The cell below profiles the
+# *planted* pipeline with torch.profiler (a schedule, and the pipeline's own `data` / `forward` /
+# `backward` / `optimizer` labels) and writes a Chrome trace. Open it in https://ui.perfetto.dev if you
+# like, then read it with `json`: a trace is a list of events under `"traceEvents"`; a complete event
+# (`"ph": "X"`) has a `name`, a start `ts` and a duration `dur`, both in microseconds. Answer in
+# `TRACE_ANSWERS` — the grader parses the same file and checks each answer (1 point each):
+#
+# * `step_ms`: the mean duration of a profiled step (the `ProfilerStep#N` events), in ms;
+# * `data_share` and `backward_share`: the time inside the `data` and the `backward` labels, over the
+#   total time of the profiled steps;
+# * `top_backward`: the backward node with the most total time, from the events named
+#   `autograd::engine::evaluate_function: <Node>` — give `<Node>`, e.g. `"AddmmBackward0"`.
+
+# %%
+TRACE_FILE = "mystery_trace.json"
+trace_step = lab01_mystery.load_pipeline(PIPELINE).make_step(0)
+with torch.profiler.profile(activities=[ProfilerActivity.CPU],
+                            schedule=torch.profiler.schedule(wait=1, warmup=1, active=2 if SMALL_RUN else 4),
+                            on_trace_ready=lambda p: p.export_chrome_trace(TRACE_FILE)) as prof:
+    for _ in range(2 + (2 if SMALL_RUN else 4)):
+        trace_step()
+        prof.step()
+print(f"trace written to {TRACE_FILE}")
+
+# %% nbgrader={"grade": false, "grade_id": "mystery_trace_answers", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+import json as _json
+
+events = [e for e in _json.loads(pathlib.Path(TRACE_FILE).read_text())["traceEvents"] if e.get("ph") == "X"]
+step_durations = [e["dur"] for e in events if e["name"].startswith("ProfilerStep#")]
+total = sum(step_durations)
+label_time = {label: sum(e["dur"] for e in events if e["name"] == label) for label in ("data", "backward")}
+node_time = {}
+for e in events:
+    if e["name"].startswith("autograd::engine::evaluate_function: "):
+        node = e["name"].split(": ", 1)[1]
+        node_time[node] = node_time.get(node, 0) + e["dur"]
+TRACE_ANSWERS = {"step_ms": total / len(step_durations) / 1e3, "data_share": label_time["data"] / total,
+                 "backward_share": label_time["backward"] / total, "top_backward": max(node_time, key=node_time.get)}
+### END SOLUTION
+print(TRACE_ANSWERS)
+
+# %% nbgrader={"grade": true, "grade_id": "mystery_trace", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# Visible: the form of TRACE_ANSWERS. Hidden: each answer against the grader's parse of TRACE_FILE.
+lab01_mystery.check_trace_answers(TRACE_ANSWERS)
+print("TRACE_ANSWERS has the form the grader reads")
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check("mystery_trace", globals())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Phase 2, the bottleneck type, and a first look at the component.** Time the pipeline's steps, then run
+# the instruments over it. `lab01_mystery.line_costs` is line_profiler over every function and method the
+# file defines (what `kernprof -l` does for a script): a line's time includes what it calls, so
+# `self.next_batch()` holds all of the data loading and the lines of `__getitem__` split it up.
+# `lab01_mystery.memory_growth` samples the process's resident memory after each step. Read them the way
+# parts 4–7 taught you; add torch.profiler's operator table (part 7) or tracemalloc (part 6) where they
+# help.
+
+# %%
+STEPS = 3 if SMALL_RUN else 8
+planted_module = lab01_mystery.load_pipeline(PIPELINE)
+step = planted_module.make_step(0)
+step()  # warm-up
+started = time.perf_counter()
+for _ in range(STEPS):
+    step()
+print(f"baseline: {(time.perf_counter() - started) / STEPS * 1e3:.1f} ms a step "
+      f"(batch {planted_module.BATCH_SIZE}, {planted_module.IMAGE_SIZE} px)")
+
+profiler = cProfile.Profile()
+profiler.runcall(lambda: [step() for _ in range(STEPS)])
+mystery_stats = pstats.Stats(profiler)
+print("\ncProfile, by cumulative time:")
+mystery_stats.sort_stats("cumulative").print_stats(18)
+
+costs = lab01_mystery.line_costs(PIPELINE, steps=STEPS)
+print("line_profiler, the costliest lines of the pipeline:")
+print(f"{'line':>5} {'ms/step':>8} {'share':>6} {'hits/step':>9}  function: code")
+for row in costs[:14]:
+    print(f"{row.line:>5} {row.ms_per_step:>8.2f} {row.share:>6.1%} {row.hits_per_step:>9.1f}  "
+          f"{row.function}: {row.text[:70]}")
+
+rss, trainer = lab01_mystery.memory_growth(PIPELINE, steps=6 if SMALL_RUN else 16)
+fig, ax = plt.subplots(figsize=(6, 2.6), layout="constrained")
+ax.plot(range(1, len(rss) + 1), rss, "o-", markersize=3)
+ax.set(xlabel="training step", ylabel="resident MiB", title="memory of the mystery pipeline, step by step")
+plt.show()
+print("what the trainer holds after those steps:",
+      {name: f"{type(value).__name__}" + (f" of {len(value)}" if isinstance(value, (list, dict)) else "")
+       for name, value in vars(trainer).items()})
+del trainer
+
+# %% [markdown]
+# **Phases 3 and 4: the component and the operation; then the fix.** Read the lines your measurements
+# point at. For each bug, ask what the line costs, whether the training needs it, and what the same
+# result costs done right. Write `DIAGNOSIS`, then write the fixed copy from this cell (read
+# `PIPELINE`'s text, change it, write `FIXED_PIPELINE`; or `%%writefile` a whole copy). A bug the
+# measurements do not show you is better left out than guessed.
+
+# %% nbgrader={"grade": false, "grade_id": "mystery_investigation", "locked": false, "schema_version": 3, "solution": true, "task": false}
+FIXED_PIPELINE = "mystery_fixed.py"
+### BEGIN SOLUTION
+import re as _re
+
+source_lines = PIPELINE.read_text(encoding="utf-8").splitlines()
+# The work a training step must do, whatever it costs: reading, decoding and normalising the images,
+# forward, backward and the optimizer. Time anywhere else is a suspect.
+ESSENTIAL = ("self.next_batch()", "next(self.batches)", "Image.open(", "np.asarray(image.resize", "self.model(images)",
+             "self.criterion(", "loss.backward()", "self.optimizer.step()", "zero_grad(", "torch.from_numpy(array)",
+             "tensor.flip(", "torch.rand((), generator", "return tensor.contiguous()", "self.batches = iter",
+             "return loss.detach()", "(tensor - MEAN) / STD")
+# What a suspect line is, from experience (a profiler says where time goes, not whether a line is
+# needed): its type, the tool that showed it, the line to change, how many lines, and the replacement
+# (None: delete them).
+KNOWN = (
+    (r"small\.getpixel\(", "data", "line_profiler", r"small = image\.resize", 3,
+     "array = np.asarray(image.resize((IMAGE_SIZE, IMAGE_SIZE)), dtype=np.float32) / 255.0"),
+    (r"tensor\[c, row\] = ", "data", "line_profiler", r"^\s*for c in range\(3\):$", 3,
+     "tensor = (tensor - MEAN) / STD"),
+    (r"image\.tolist\(\)", "data", "cProfile", r"collate_fn=python_collate", 1, None),
+    (r"torch\.histc\(p\.grad", "sync", "torch.profiler", r"torch\.histc\(p\.grad", 2, None),
+    (r"accuracy\(self\.model, images, labels\)", "compute", "torch.profiler", r"= accuracy\(self\.model", 1, None),
+    (r"copy\.deepcopy\(self\.model", "memory", "memory profiler", r"copy\.deepcopy\(self\.model", 1, None),
+)
+
+
+def line_of(pattern):
+    return next(i for i, text in enumerate(source_lines, 1) if _re.search(pattern, text))
+
+
+findings, edits = [], {}
+for row in costs:  # costliest first
+    if row.share < 0.03 or any(token in row.text for token in ESSENTIAL):
+        continue
+    known = next((k for k in KNOWN if _re.search(k[0], row.text)), None)
+    if known is None:
+        continue
+    _, kind, tool, fix_at, span, replacement = known
+    where = line_of(fix_at)
+    if where in edits:
+        continue
+    edits[where] = (span, replacement)
+    findings.append({"line": row.line, "function": row.function, "kind": kind, "tool": tool,
+                     "evidence": f"line {row.line} takes {row.ms_per_step:.1f} ms a step ({row.share:.0%}) "
+                                 f"in {row.hits_per_step:g} hits, and does no training work",
+                     "fix": f"replaced by {replacement!r}" if replacement else f"removed line {where}"})
+
+# Anomaly mode costs inside the forward lines, not on its own line: cProfile shows the stack capture.
+format_stack = sum(v[3] for k, v in mystery_stats.stats.items() if k[2] in ("format_stack", "extract_stack"))
+for i, text in enumerate(source_lines, 1):
+    if "detect_anomaly()" in text and format_stack > 0:
+        findings.append({"line": i, "function": "Trainer.step", "kind": "sync", "tool": "cProfile",
+                         "evidence": f"traceback.format_stack: {format_stack:.2f} s cumulative over the profile",
+                         "fix": "anomaly mode off"})
+        edits[i] = (1, 'with record_function("forward"):')
+
+# Memory that grows with every step: the trainer keeps a list that grows by one per step.
+held = lab01_mystery.memory_growth(PIPELINE, steps=3)[1]
+for name, value in vars(held).items():
+    if isinstance(value, list) and len(value) == 3 and value and isinstance(value[0], torch.Tensor):
+        for i, text in enumerate(source_lines, 1):
+            if f"self.{name}.append(" in text:
+                findings.append({"line": i, "function": "Trainer.step", "kind": "memory", "tool": "memory profiler",
+                                 "evidence": f"self.{name} holds one more tensor after every step "
+                                             f"({sum(t.numel() * t.element_size() for t in value) / 3 / 2**10:.0f} KiB "
+                                             f"each, never freed); resident memory {rss[0]:.0f} -> {rss[-1]:.0f} MiB",
+                                 "fix": "do not keep the batches"})
+                edits[i] = (1, None)
+del held
+
+fixed_lines = list(source_lines)
+for line in sorted(edits, reverse=True):
+    span, replacement = edits[line]
+    indent = fixed_lines[line - 1][: len(fixed_lines[line - 1]) - len(fixed_lines[line - 1].lstrip())]
+    fixed_lines[line - 1: line - 1 + span] = [indent + replacement] if replacement else []
+pathlib.Path(FIXED_PIPELINE).write_text("\n".join(fixed_lines) + "\n", encoding="utf-8")
+DIAGNOSIS = findings
+### END SOLUTION
+for finding in DIAGNOSIS:
+    print(f"line {finding['line']} ({finding['function']}): {finding['kind']}, by {finding['tool']}: "
+          f"{finding['evidence']} -> {finding['fix']}")
+
+# %% nbgrader={"grade": true, "grade_id": "mystery_diagnosis", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+# Visible: the form of DIAGNOSIS. Hidden: your findings against what was planted for your id.
+lab01_mystery.check_diagnosis(DIAGNOSIS, PIPELINE)
+print(f"{len(DIAGNOSIS)} finding(s) in the form the grader reads")
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check("mystery_diagnosis", globals())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Prove the fix.** First that it trains the same way (the check below runs both for a few steps from
+# the same seed), then how much faster it is. `lab01_mystery.quick_speedup` times interleaved blocks of
+# both and takes the ratio of the fastest ones; the grader re-measures with the full protocol.
+
+# %% nbgrader={"grade": false, "grade_id": "mystery_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+FIX_SPEEDUP = round(lab01_mystery.quick_speedup(PIPELINE, FIXED_PIPELINE, steps=2 if SMALL_RUN else 4,
+                                                rounds=3 if SMALL_RUN else 5), 2)
+### END SOLUTION
+print(f"your fixed pipeline: {FIX_SPEEDUP}x the planted one, by your measurement")
+
+# %% nbgrader={"grade": true, "grade_id": "mystery_fix", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# Visible: your copy trains as the planted pipeline does. The grader re-measures it in its own process.
+losses = lab01_mystery.check_fixed(FIXED_PIPELINE, PIPELINE)
+print(f"same losses as the planted pipeline over {len(losses)} steps; the grader re-measures the speedup")
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab01 as hidden01
+hidden01.check("mystery_fix", globals())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Keep what you found for the report.
+
+# %%
+RESULTS["mystery"] = {"student": STUDENT_ID, "findings": len(DIAGNOSIS), "fix_speedup": FIX_SPEEDUP,
+                      "trace": {k: TRACE_ANSWERS.get(k) for k in ("step_ms", "data_share", "backward_share")}}
 
 # %% [markdown]
 # ## Save your results

@@ -27,12 +27,11 @@ from perflab import diagnose
 from perflab.grading.judging import Context, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab01, lab01_checks
+from perflab.labs.hidden import mystery
 from perflab.labs.lab01 import COPY_SHARE, DATA_SHARE, MEMORY_TIME_SHARE
 from perflab.labs.lab01_checks import (
     RIDGE_GRID,
     TIMER_BAD_ARGS,
-    VISIBLE_LINES_SEED,
-    VISIBLE_PROFILE_SEED,
     VISIBLE_ROOFLINE,
     VISIBLE_TIMER,
 )
@@ -245,65 +244,7 @@ def judge_memory_hidden(observed: Any, ctx: Context) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parts 4-6: cProfile, line_profiler, the leak
-
-
-def _judge_top(observed: Any, seed: int) -> None:
-    table = lab01_checks.profile_table(seed)
-    ns = lab01_checks.profile_ns(seed)
-    ranked = sorted(table, key=lambda key: table[key][3], reverse=True)
-    for n, got in zip(ns, _list(observed, len(ns), "n"), strict=True):
-        assert isinstance(got, dict) and got.get("n") == n, f"n={n}: no result"
-        if "raised" in got:
-            raise AssertionError(f"top_by_cumulative(stats, {n}) raised {got['raised']}: {got.get('message', '')}")
-        rows, want = got.get("rows"), ranked[:n]
-        assert isinstance(rows, list) and len(rows) == len(want), (
-            f"n={n}: {len(rows) if isinstance(rows, list) else 'no'} rows, expected {len(want)}")
-        for i, (row, key) in enumerate(zip(rows, want, strict=True)):
-            assert isinstance(row, dict) and row.get("type") == "FunctionRow", \
-                f"n={n}, row {i}: expected a FunctionRow, got {row.get('type') if isinstance(row, dict) else row}"
-            function = row.get("function")
-            got_key = tuple(function) if isinstance(function, list) else function
-            assert got_key in table, f"n={n}, row {i}: {got_key} is not a function of this profile"
-            assert got_key == key, f"n={n}: rows are not the top {n} by cumulative time, most first"
-            _cc, nc, tt, ct, _callers = table[key]
-            numbers = (row.get("calls"), decode_float(row.get("tottime")), decode_float(row.get("cumtime")))
-            assert numbers == (nc, tt, ct), \
-                f"n={n}, row {i} {key}: (calls, tottime, cumtime) should be pstats' {(nc, tt, ct)}, got {numbers}"
-
-
-def judge_top_visible(observed: Any, ctx: Context) -> None:
-    _judge_top(observed, VISIBLE_PROFILE_SEED)
-
-
-def judge_top_hidden(observed: Any, ctx: Context) -> None:
-    _judge_top(observed, ctx.seed)
-
-
-def _judge_slowest(observed: Any, seed: int) -> None:
-    case = lab01_checks.line_case(seed)
-    first = lab01_checks.three_steps.__code__.co_firstlineno
-    offset, hits, t = max(case["rows"], key=lambda row: row[2])
-    lineno, total = first + offset, sum(row[2] for row in case["rows"])
-    assert isinstance(observed, dict), "slowest_line: no result"
-    if "raised" in observed:
-        raise AssertionError(f"slowest_line raised {observed['raised']}: {observed.get('message', '')}")
-    assert observed.get("type") == "LineTiming", f"slowest_line should return a LineTiming, got {observed.get('type')}"
-    assert observed.get("lineno") == lineno, f"the slowest line is {lineno}, you said {observed.get('lineno')}"
-    assert observed.get("hits") == hits, f"line {lineno} ran {hits} times, you said {observed.get('hits')}"
-    seconds, share = decode_float(observed.get("seconds")), decode_float(observed.get("share"))
-    assert seconds is not None and _close(seconds, t * case["unit"], rel=1e-6), \
-        f"line {lineno} took {t * case['unit']} s (time x stats.unit), you said {observed.get('seconds')}"
-    assert share is not None and _close(share, t / total, rel=1e-6), \
-        f"line {lineno} holds {t / total:.3f} of the time, you said {observed.get('share')}"
-
-
-def judge_slowest_visible(observed: Any, ctx: Context) -> None:
-    _judge_slowest(observed, VISIBLE_LINES_SEED)
-
-
-def judge_slowest_hidden(observed: Any, ctx: Context) -> None:
-    _judge_slowest(observed, ctx.seed)
+# Part 6: the leak
 
 
 def _leak_answer(got: Any, call: str) -> tuple[str, int]:
@@ -525,10 +466,6 @@ JUDGES = {
     "counting_hidden_model": judge_counting_model,
     "memory_budget_visible": judge_memory_visible,
     "memory_budget_hidden": judge_memory_hidden,
-    "top_by_cumulative_visible": judge_top_visible,
-    "top_by_cumulative_hidden": judge_top_hidden,
-    "slowest_line_visible": judge_slowest_visible,
-    "slowest_line_hidden": judge_slowest_hidden,
     "find_leak_visible": judge_leak_visible,
     "find_leak_hidden": judge_leak_hidden,
     "preprocess_fixed_check": judge_preprocess,
@@ -539,4 +476,5 @@ JUDGES = {
     "bottleneck_visible": judge_bottleneck_visible,
     "bottleneck_rule_hidden": judge_bottleneck_rule,
     "bottleneck_here": judge_bottleneck_here,
+    **mystery.JUDGES,
 }

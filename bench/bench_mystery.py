@@ -1,0 +1,86 @@
+"""What lab 1's planted bugs cost, and whether fixing a student's pipeline is a verified gain.
+
+    python bench/bench_mystery.py [--ids alice bob carol] [--rounds 6]
+
+1. Each bug of the catalogue alone against the clean pipeline, at the mystery's graded sizes, in one
+   process: interleaved rounds of a few steps each, the ratio of the fastest rounds (noise only adds
+   time). A bug that costs time must cost clearly more than the fix bar; a memory bug may cost none.
+2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
+   `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+
+def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
+    from perflab import mystery
+    from perflab.mystery.catalogue import CATALOGUE
+
+    keys: list[str | None] = [None, *(b.key for b in CATALOGUE)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fns = {k: mystery.for_student("bench", bugs=() if k is None else (k,)).module().make_step(0) for k in keys}
+        for fn in fns.values():
+            fn()
+            fn()
+        best = {k: float("inf") for k in keys}
+        for r in range(rounds):
+            for k in (keys if r % 2 == 0 else keys[::-1]):
+                start = time.perf_counter()
+                for _ in range(steps):
+                    fns[k]()
+                best[k] = min(best[k], (time.perf_counter() - start) / steps)
+    return best
+
+
+def verified_fix(student: str) -> dict[str, object]:
+    from perflab import mystery
+    from perflab.labs.hidden.mystery import FIX_BAR
+    from perflab.verify import Side, verify
+
+    data = mystery.sizes_for()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        fixed = Path(tmp) / "mystery_fixed.py"
+        mystery.for_student(student, bugs=()).write(fixed)
+        baseline = Side.reference("perflab.mystery:planted_step", label="planted", student=student, data=data)
+        verdict = verify(baseline, Side.module(fixed, label="fixed", data=data), expectation=FIX_BAR)
+    return {"bugs": [p.key for p in mystery.for_student(student).planted], "verdict": verdict}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ids", nargs="+", default=["alice", "bob", "carol"])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args(argv)
+
+    from perflab import env, mystery
+    from perflab.labs.hidden.mystery import FIX_BAR
+
+    data, image_size, batch = mystery.sizes_for()
+    print(f"{env.machine_info().hardware_class}, torch threads {env.machine_info().threads}; "
+          f"mystery pipeline: {data} set, {image_size} px, batch {batch}")
+    costs = bug_costs(args.rounds, args.steps)
+    clean = costs.pop(None)
+    print(f"\nclean step {clean * 1e3:.1f} ms; each bug alone (fastest of {args.rounds} rounds of {args.steps} steps):")
+    for key, seconds in costs.items():
+        print(f"  {key:16s} {seconds * 1e3:7.1f} ms  {seconds / clean:5.2f}x the clean step")
+    print(f"\nplanted pipeline against its fixed copy, perflab.verify, bar {FIX_BAR:.2f}x:")
+    for student in args.ids:
+        got = verified_fix(student)
+        v = got["verdict"]
+        ci = f"CI {v.ci[0]:.2f}-{v.ci[1]:.2f}x" if v.ci else "no CI"
+        print(f"  {student:10s} {', '.join(got['bugs']):45s} {v.outcome:5s} "
+              f"{(v.speedup or 0):.2f}x ({ci}) in {v.elapsed_seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Lab 1's mystery pipeline, judged: the diagnosis against what was planted for the graded id, the
+fixed copy re-measured against the planted pipeline, the trace answers against the grader's own
+parse of the student's trace. Grader-only (the student bundle and the sandbox leave it out).
+
+The planted truth comes from the submission's student id as the grader knows it (`Context.student`),
+never from the notebook: answers copied from another id's pipeline point at lines where this one has
+no bug, and each such finding costs what a right one earns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perflab import mystery
+from perflab.grading.judging import Context, Mark
+from perflab.grading.probing import decode_float
+from perflab.labs.lab01_mystery import BACKWARD_NODE, PHASES, TRACE_KEYS, diagnosis_problems
+from perflab.mystery.catalogue import BY_KEY
+
+# A finding's worth: half for the location, half for the bottleneck type at that location. A finding
+# that points at no planted bug takes away what a located one earns, so listing every line earns nothing.
+LOCATION_WORTH = 0.5
+KIND_WORTH = 0.5
+# The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
+# Each planted bug that costs time costs at least 1.12x on a 2-core CPU at the graded sizes, and a
+# pipeline holds two or three of them (`make bench-mystery` measures both); an unchanged copy is 1.0x.
+FIX_BAR = 1.10
+# The trace answers: how close to the grader's parse of the same file a number must be.
+STEP_MS_REL = 0.02
+SHARE_ABS = 0.02
+# Caps of the re-measurement in the kit's tiny mode (the protocol's own budget otherwise).
+TINY_MAX_PAIRS, TINY_SECONDS = 8, 8.0
+
+
+def _student(ctx: Context) -> str:
+    assert ctx.student, "the grader has no student id for this submission, so it cannot draw its pipeline"
+    return ctx.student
+
+
+def truth(ctx: Context) -> mystery.Mystery:
+    return mystery.for_student(_student(ctx), ctx.mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# The diagnosis
+
+
+@dataclass(frozen=True)
+class DiagnosisScore:
+    fraction: float
+    located: int
+    typed: int
+    stray: list[int]
+    planted: int
+
+
+def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mystery.Planted]) -> DiagnosisScore:
+    """Each planted bug is matched by at most one finding at one of its lines; the type counts where
+    the location does. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
+    unmatched = list(planted)
+    located = typed = 0
+    stray: list[int] = []
+    for finding in findings:
+        line = finding.get("line")
+        hit = next((p for p in unmatched if isinstance(line, int) and line in p.accepted_lines), None)
+        if hit is None:
+            stray.append(line if isinstance(line, int) else -1)
+            continue
+        unmatched.remove(hit)
+        located += 1
+        if finding.get("kind") in BY_KEY[hit.key].kinds:
+            typed += 1
+    earned = located * LOCATION_WORTH + typed * KIND_WORTH - len(stray) * (LOCATION_WORTH + KIND_WORTH)
+    fraction = max(0.0, earned / ((LOCATION_WORTH + KIND_WORTH) * len(planted)))
+    return DiagnosisScore(min(fraction, 1.0), located, typed, stray, len(planted))
+
+
+def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
+    case = truth(ctx)
+    findings = observed.get("findings") if isinstance(observed, dict) else None
+    lines = case.source.splitlines()
+    problems = _form_problems(findings, len(lines))
+    assert not problems, problems[0]
+    score = score_diagnosis(findings, case.planted)
+    if score.fraction >= 1.0:
+        return None
+    parts = [f"{score.located} of the {score.planted} planted bugs located"]
+    if score.located:
+        parts.append(f"the bottleneck type right for {score.typed} of them")
+    if score.stray:
+        parts.append(f"{len(score.stray)} finding(s) at lines with no planted bug "
+                     f"({', '.join(str(n) for n in score.stray[:6])}), each costing what a right one earns")
+    return Mark(round(score.fraction, 6), "; ".join(parts))
+
+
+def _form_problems(findings: Any, n_lines: int) -> list[str]:
+    """The contract's form (as the visible check), against the graded pipeline's length."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / mystery.FILENAME
+        path.write_text("\n" * n_lines, encoding="utf-8")
+        return diagnosis_problems(findings, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fix, re-measured
+
+
+def fix_expectation() -> Any:
+    from perflab import env
+    from perflab.verify.expectations import Expectation
+
+    return Expectation("lab01_mystery_fix", FIX_BAR, "gain", env.machine_info().hardware_class, False,
+                       f"rule: the fixed pipeline's speedup CI must clear {FIX_BAR:.2f}x over the planted one")
+
+
+def judge_fix(observed: Any, ctx: Context) -> Mark:
+    from perflab.labs import common
+    from perflab.verify import Side
+
+    assert isinstance(observed, dict), "FIXED_PIPELINE: no answer"
+    source = observed.get("source")
+    assert isinstance(source, str) and source.strip(), (
+        f"FIXED_PIPELINE: {observed.get('path')!r} does not exist when the notebook runs: write the fixed copy "
+        "from a cell of the notebook (only the notebook is submitted)")
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and claim > 0 and math.isfinite(claim) else None
+    student = _student(ctx)
+    planted = truth(ctx)
+    expectation = fix_expectation()
+    data = mystery.sizes_for(ctx.mode)[0]
+    if _normalised(source) == _normalised(planted.source):
+        from perflab.verify.protocol import no_change
+
+        return common.mark_of(no_change(FIX_BAR, claim=claim, baseline="planted pipeline",
+                                        candidate="your copy"), expectation)
+    baseline = Side.reference("perflab.mystery:planted_step", label="planted pipeline", student=student,
+                              data=data, mode=ctx.mode)
+    tiny = ctx.mode == "tiny"
+    verdict, expectation = ctx.verify_module(baseline, source, expectation, label="your fixed pipeline",
+                                             claim=claim, max_pairs=TINY_MAX_PAIRS if tiny else None,
+                                             max_seconds=TINY_SECONDS if tiny else None, data=data)
+    return common.mark_of(verdict, expectation)
+
+
+def _normalised(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    steps: int
+    step_ms: float
+    data_share: float
+    backward_share: float
+    backward_totals: dict[str, float]  # node -> total µs
+
+
+def trace_facts(events: Any) -> TraceFacts:
+    """The grader's reading of a trace's events ([name, ts, dur], as the probe sends them)."""
+    assert isinstance(events, list), "TRACE_FILE: the file does not exist, or is not a Chrome trace"
+    steps: list[float] = []
+    phases = {name: 0.0 for name in PHASES}
+    nodes: dict[str, float] = {}
+    for event in events:
+        if not (isinstance(event, list) and len(event) == 3 and isinstance(event[0], str)):
+            continue
+        name, dur = event[0], decode_float(event[2])
+        if dur is None or dur < 0:
+            continue
+        if name.startswith("ProfilerStep#"):
+            steps.append(dur)
+        elif name in phases:
+            phases[name] += dur
+        elif name.startswith(BACKWARD_NODE):
+            node = name[len(BACKWARD_NODE):]
+            nodes[node] = nodes.get(node, 0.0) + dur
+    assert steps and sum(steps) > 0, "TRACE_FILE holds no profiled step (ProfilerStep#): call prof.step() each step"
+    assert phases["forward"] > 0 and phases["backward"] > 0 and nodes, (
+        "TRACE_FILE holds no forward and backward labels of the pipeline: profile the pipeline's own steps")
+    total = sum(steps)
+    return TraceFacts(len(steps), total / len(steps) / 1e3, phases["data"] / total, phases["backward"] / total,
+                      nodes)
+
+
+def trace_mistakes(answers: Any, facts: TraceFacts) -> list[str]:
+    """One line per trace answer that does not match the trace (empty when all do)."""
+    assert isinstance(answers, dict), f"TRACE_ANSWERS should be a dict with {', '.join(TRACE_KEYS)}"
+    wrong = []
+    step_ms = decode_float(answers.get("step_ms"))
+    if step_ms is None or not math.isclose(step_ms, facts.step_ms, rel_tol=STEP_MS_REL):
+        wrong.append(f"step_ms: {answers.get('step_ms')!r} is not the mean ProfilerStep duration of your trace")
+    for key, want in (("data_share", facts.data_share), ("backward_share", facts.backward_share)):
+        got = decode_float(answers.get(key))
+        if got is None or abs(got - want) > SHARE_ABS:
+            label = key.split("_")[0]
+            wrong.append(f"{key}: {answers.get(key)!r} is not the {label!r} label's share of your trace's step time")
+    top = answers.get("top_backward")
+    best = max(facts.backward_totals.values())
+    near = {n for n, t in facts.backward_totals.items() if t >= best * 0.98}  # a tie within 2% counts
+    if not (isinstance(top, str) and top.removeprefix(BACKWARD_NODE).strip() in near):
+        wrong.append(f"top_backward: {top!r} is not the backward node with the most total time in your trace")
+    return wrong
+
+
+def judge_trace(observed: Any, ctx: Context) -> Mark | None:
+    assert isinstance(observed, dict), "TRACE_ANSWERS: no answer"
+    facts = trace_facts(observed.get("events"))
+    wrong = trace_mistakes(observed.get("answers"), facts)
+    if not wrong:
+        return None
+    return Mark(round(1 - len(wrong) / len(TRACE_KEYS), 6), "; ".join(wrong))
+
+
+JUDGES = {
+    "mystery_diagnosis": judge_diagnosis,
+    "mystery_fix": judge_fix,
+    "mystery_trace": judge_trace,
+}

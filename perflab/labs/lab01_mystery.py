@@ -1,0 +1,309 @@
+"""Lab 1, part 10: the mystery pipeline. What the notebook calls, the contract of its answers, and the
+probes that hand those answers to the grader.
+
+The notebook writes the student's own pipeline (`write_pipeline`), profiles it with lab 1's tools
+(`line_costs` is line_profiler over every function of the script; cProfile, torch.profiler and the
+memory tools are used directly), and answers in four names:
+
+    DIAGNOSIS       a list with one finding per bug found, each a dict:
+                      line      int, the line of the pipeline file where the bug is
+                      function  str, the function (or method, "Class.method") holding that line
+                      kind      the bottleneck type: "data", "sync", "compute" or "memory"
+                      tool      which tool showed it (one of TOOLS)
+                      evidence  str, what that tool showed (your numbers)
+                      fix       str, what you changed
+    FIXED_PIPELINE  the path of your fixed copy of the pipeline, written by a cell of this notebook
+                    (only the notebook is submitted): it must train exactly as the planted one
+    FIX_SPEEDUP     the fixed copy's speedup over the planted pipeline, as you measured it
+    TRACE_FILE      the Chrome trace (torch.profiler's export_chrome_trace) of the *planted* pipeline
+    TRACE_ANSWERS   what you read off that trace: {"step_ms": mean ProfilerStep duration in ms,
+                    "data_share": the "data" label's share of the step time, "backward_share": the
+                    "backward" label's share, "top_backward": the backward node
+                    (autograd::engine::evaluate_function: <Node>) with the most total time, as <Node>}
+
+The grader scores the findings against what was planted for the id it grades (a finding at a line with
+no bug costs points), re-measures the fixed copy against the planted pipeline in its own process
+(it must be faster and train the same way), and parses the trace file itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import sys
+import types
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perflab import mystery
+from perflab.grading.probing import Answers
+from perflab.mystery import KINDS, TOOLS
+
+PIPELINE_FILE = mystery.FILENAME
+TRACE_KEYS = ("step_ms", "data_share", "backward_share", "top_backward")
+PHASES = ("data", "forward", "backward", "optimizer")
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+# What the probes send up: a fixed pipeline and a trace's events are small, but bounded.
+MAX_SOURCE_CHARS = 256 * 1024
+MAX_TRACE_EVENTS = 50_000
+_counter = itertools.count()
+
+
+def write_pipeline(student: str, path: str | os.PathLike[str] = PIPELINE_FILE) -> Path:
+    """Write `student`'s mystery pipeline to `path` (beside the notebook) and return the path."""
+    return mystery.for_student(student).write(path)
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> types.ModuleType:
+    """Import a pipeline file as a fresh module (every call re-reads the file)."""
+    path = Path(path)
+    name = f"mystery_pipeline_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class LineCost:
+    """One line of the pipeline as line_profiler timed it."""
+
+    line: int
+    function: str
+    hits_per_step: float
+    ms_per_step: float
+    share: float  # of the time of one whole step
+    text: str
+
+
+def line_costs(path: str | os.PathLike[str], steps: int = 10, seed: int = 0) -> list[LineCost]:
+    """line_profiler over every function and method the pipeline file defines, for `steps` training
+    steps after one warm-up step: its lines by time, most first. A line's time includes the calls it
+    makes, so a call line and the lines of the function it calls both count that time."""
+    from line_profiler import LineProfiler
+
+    module = load_pipeline(path)
+    profiler = LineProfiler()
+    for _name, fn in _functions(module):
+        profiler.add_function(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = module.make_step(seed)
+        step()
+        import time
+
+        start = time.perf_counter()
+        profiler.enable_by_count()
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            profiler.disable_by_count()
+        wall = (time.perf_counter() - start) / steps
+    stats = profiler.get_stats()
+    text = Path(path).read_text(encoding="utf-8").splitlines()
+    names = {fn.__code__.co_firstlineno: name for name, fn in _functions(module)}
+    rows = []
+    for (_file, first, _name), timings in stats.timings.items():
+        for line, hits, t in timings:
+            seconds = t * stats.unit / steps
+            rows.append(LineCost(line, names.get(first, _name), hits / steps, seconds * 1e3,
+                                 seconds / wall if wall > 0 else 0.0, text[line - 1].strip() if line <= len(text) else ""))
+    return sorted(rows, key=lambda r: r.ms_per_step, reverse=True)
+
+
+def _functions(module: types.ModuleType) -> list[tuple[str, Any]]:
+    """(qualified name, function) for every function and method the module itself defines."""
+    out = []
+    for name, value in vars(module).items():
+        if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            out.append((name, value))
+        elif isinstance(value, type) and value.__module__ == module.__name__:
+            for attr, member in vars(value).items():
+                if isinstance(member, types.FunctionType):
+                    out.append((f"{name}.{attr}", member))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Visible checks: the form of the answers (never whether they are right)
+
+
+def diagnosis_problems(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_FILE) -> list[str]:
+    """Why `diagnosis` does not follow the contract (empty when its form is right)."""
+    if not isinstance(diagnosis, (list, tuple)) or not diagnosis:
+        return ["DIAGNOSIS should be a non-empty list of findings (dicts)"]
+    lines = Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []
+    problems = []
+    for i, finding in enumerate(diagnosis):
+        where = f"finding {i}"
+        if not isinstance(finding, Mapping):
+            problems.append(f"{where}: a dict with line, function, kind, tool, evidence and fix")
+            continue
+        line = finding.get("line")
+        if not isinstance(line, int) or isinstance(line, bool) or not 1 <= line <= max(len(lines), 1):
+            problems.append(f"{where}: line should be a line number of {Path(path).name}, got {line!r}")
+        if finding.get("kind") not in KINDS:
+            problems.append(f"{where}: kind should be one of {', '.join(KINDS)}, got {finding.get('kind')!r}")
+        if finding.get("tool") not in TOOLS:
+            problems.append(f"{where}: tool should be one of {', '.join(TOOLS)}, got {finding.get('tool')!r}")
+        for key in ("function", "evidence", "fix"):
+            if not isinstance(finding.get(key), str) or not finding[key].strip():
+                problems.append(f"{where}: {key} should say something (a non-empty string)")
+    return problems
+
+
+def check_diagnosis(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_FILE) -> None:
+    """AssertionError naming the first problem with the form of `diagnosis`."""
+    problems = diagnosis_problems(diagnosis, path)
+    assert not problems, problems[0]
+
+
+def trace_answer_problems(answers: Any) -> list[str]:
+    """Why `answers` does not follow the contract (empty when its form is right)."""
+    if not isinstance(answers, Mapping):
+        return [f"TRACE_ANSWERS should be a dict with {', '.join(TRACE_KEYS)}"]
+    problems = [f"TRACE_ANSWERS has no {key!r}" for key in TRACE_KEYS if key not in answers]
+    for key in ("step_ms", "data_share", "backward_share"):
+        value = answers.get(key)
+        if key in answers and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                   and math.isfinite(value) and value >= 0):
+            problems.append(f"TRACE_ANSWERS[{key!r}] should be a number, got {value!r}")
+    for key in ("data_share", "backward_share"):
+        value = answers.get(key)
+        if isinstance(value, (int, float)) and value > 1:
+            problems.append(f"TRACE_ANSWERS[{key!r}] is a share of the step: between 0 and 1, got {value}")
+    top = answers.get("top_backward")
+    if "top_backward" in answers and not (isinstance(top, str) and top.strip()):
+        problems.append("TRACE_ANSWERS['top_backward'] should be a backward node's name, e.g. 'AddmmBackward0'")
+    return problems
+
+
+def check_trace_answers(answers: Any) -> None:
+    problems = trace_answer_problems(answers)
+    assert not problems, problems[0]
+
+
+def check_fixed(fixed: str | os.PathLike[str], planted: str | os.PathLike[str] = PIPELINE_FILE,
+                steps: int = 3, seed: int = 0) -> list[float]:
+    """Run both pipelines `steps` steps from `seed`: AssertionError when the fixed one trains
+    differently (other samples, or losses beyond float noise); returns the losses."""
+    runs = []
+    for path in (planted, fixed):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step = load_pipeline(path).make_step(seed)
+            runs.append([step() for _ in range(steps)])
+    for i, ((loss_a, idx_a), (loss_b, idx_b)) in enumerate(zip(*runs, strict=True)):
+        assert list(idx_a) == list(idx_b), f"step {i}: the fixed pipeline trained on other samples"
+        a, b = float(loss_a), float(loss_b)
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), \
+            f"step {i}: loss {b:.6f} where the planted pipeline has {a:.6f}: the fix changed the training"
+    return [float(loss) for loss, _ in runs[1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace as data (what the probe sends; the grader reads its own answers off it)
+
+
+def trace_events(path: str | os.PathLike[str]) -> list[list[Any]]:
+    """[name, ts, dur] of the complete events of a Chrome trace that the trace questions need: the
+    profiled steps, the pipeline's phase labels and the backward nodes."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    events = doc.get("traceEvents", doc) if isinstance(doc, dict) else doc
+    out = []
+    for event in events if isinstance(events, list) else []:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        name = str(event.get("name", ""))
+        if name.startswith("ProfilerStep#") or name in PHASES or name.startswith(BACKWARD_NODE):
+            out.append([name, event.get("ts"), event.get("dur")])
+            if len(out) >= MAX_TRACE_EVENTS:
+                break
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes (the grader's judges live in perflab/labs/hidden/mystery.py)
+
+
+def probe_diagnosis(answers: Answers, seed: int) -> dict[str, Any]:
+    return {"findings": answers["DIAGNOSIS"]}
+
+
+def probe_fix(answers: Answers, seed: int) -> dict[str, Any]:
+    path = Path(str(answers["FIXED_PIPELINE"]))
+    source = path.read_text(encoding="utf-8")[:MAX_SOURCE_CHARS] if path.is_file() else None
+    return {"source": source, "claim": answers.get("FIX_SPEEDUP"), "path": str(path)}
+
+
+def probe_trace(answers: Answers, seed: int) -> dict[str, Any]:
+    answered = answers["TRACE_ANSWERS"]
+    path = Path(str(answers["TRACE_FILE"]))
+    return {"answers": answered, "events": trace_events(path) if path.is_file() else None}
+
+
+PROBES = {
+    "mystery_diagnosis": probe_diagnosis,
+    "mystery_fix": probe_fix,
+    "mystery_trace": probe_trace,
+}
+
+__all__ = ["LineCost", "PIPELINE_FILE", "PROBES", "TRACE_KEYS", "check_diagnosis", "check_fixed",
+           "check_trace_answers", "diagnosis_problems", "line_costs", "load_pipeline", "trace_answer_problems",
+           "trace_events", "write_pipeline"]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The student's own measurements (the grader re-measures with perflab.verify in its own process)
+
+
+def quick_speedup(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 4,
+                  rounds: int = 5, seed: int = 0) -> float:
+    """The fixed pipeline's speedup over the planted one on this machine: `rounds` interleaved pairs of
+    `steps`-step blocks after a warm-up step each, the ratio of the fastest blocks (noise only adds time)."""
+    import time
+
+    sides = []
+    for path in (planted, fixed):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step = load_pipeline(path).make_step(seed)
+            step()
+        sides.append(step)
+    best = [math.inf, math.inf]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for r in range(rounds):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                start = time.perf_counter()
+                for _ in range(steps):
+                    sides[i]()
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best[0] / best[1]
+
+
+def memory_growth(path: str | os.PathLike[str], steps: int = 12, seed: int = 0) -> tuple[list[float], Any]:
+    """The process's resident memory (MiB) after each of `steps` training steps of the pipeline, and the
+    trainer object the steps ran on (to look at what it holds)."""
+    import psutil
+
+    process = psutil.Process()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = load_pipeline(path).make_step(seed)
+        rss = []
+        for _ in range(steps):
+            step()
+            rss.append(process.memory_info().rss / 2**20)
+    return rss, getattr(step, "__self__", None)

@@ -1,0 +1,251 @@
+"""Lab 1's mystery pipeline: a pipeline per student id with planted bugs, the reference investigation
+that finds them with the lab's tools, and the grader's judges (diagnosis, re-measured fix, trace)."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import labs_helpers as H
+import pytest
+
+from perflab import mystery
+from perflab.grading import judging
+from perflab.grading.probing import run_probes
+from perflab.labs import lab01_mystery
+from perflab.labs.hidden import mystery as judges
+from perflab.mystery.catalogue import CATALOGUE, KINDS, TOOLS
+
+LAB = "lab01_measure"
+IDS = ("alice", "bob", "carol")
+
+
+def _ctx(student: str, observations: dict[str, Any], mode: str = "tiny") -> judging.Context:
+    return judging.Context(LAB, 11, mode, observations, student=student)
+
+
+def _mark(grade_id: str, namespace: dict[str, Any], student: str) -> judging.Mark:
+    observations = run_probes({grade_id: lab01_mystery.PROBES[grade_id]}, namespace, 11)
+    return judging.judge_cell(grade_id, judges.JUDGES[grade_id], _ctx(student, observations))
+
+
+def _finding(line: int, kind: str, function: str = "Trainer.step") -> dict[str, Any]:
+    return {"line": line, "function": function, "kind": kind, "tool": "line_profiler",
+            "evidence": "it took most of the step", "fix": "removed it"}
+
+
+def _right_answers(student: str) -> list[dict[str, Any]]:
+    return [_finding(p.lines[-1], p.kind, p.function) for p in mystery.for_student(student).planted]
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue and the draw
+
+
+def test_the_catalogue_holds_eight_bugs_of_every_type_each_shown_by_a_tool() -> None:
+    assert len(CATALOGUE) >= 8
+    assert {b.kind for b in CATALOGUE} == set(KINDS)
+    assert len({b.tool for b in CATALOGUE}) >= 4 and {b.tool for b in CATALOGUE} <= set(TOOLS)
+    assert len({b.key for b in CATALOGUE}) == len(CATALOGUE)
+
+
+def test_each_id_draws_its_own_pipeline_and_the_same_one_every_time() -> None:
+    cases = {sid: mystery.for_student(sid) for sid in IDS}
+    assert {sid: c.source for sid, c in cases.items()} == {sid: mystery.for_student(sid).source for sid in IDS}
+    sets = {frozenset(p.key for p in c.planted) for c in cases.values()}
+    assert len(sets) == len(IDS), "three ids, three different bug sets"
+    for case in cases.values():
+        assert len(case.planted) == mystery.BUGS_PER_PIPELINE and len({p.kind for p in case.planted}) >= 2
+        lines = case.source.splitlines()
+        for planted in case.planted:
+            bug = next(b for b in CATALOGUE if b.key == planted.key)
+            assert [lines[n - 1].strip() for n in planted.lines] == [t.strip() for t in (*bug.init, *bug.lines)]
+        compile(case.source, "mystery", "exec")
+    # Over many ids every bug is drawn, and where a bug sits moves with the id.
+    drawn = {p.key for i in range(60) for p in mystery.for_student(f"s{i}").planted}
+    assert drawn == {b.key for b in CATALOGUE}
+    assert len({c.planted[0].lines for c in cases.values()}) > 1
+
+
+def test_the_student_id_is_the_graders_first(monkeypatch) -> None:
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    monkeypatch.delenv(mystery.STUDENT_ENV, raising=False)
+    with pytest.raises(ValueError, match="MY_ID"):
+        mystery.student_id("")
+    assert mystery.student_id(" alice ") == "alice"
+    monkeypatch.setenv(mystery.STUDENT_ENV, "bob")
+    assert mystery.student_id("alice") == "bob"
+
+
+def test_every_planted_bug_trains_exactly_as_the_clean_pipeline(tiny_data) -> None:
+    """A bug only costs time: the planted pipeline's losses and samples are the clean one's, so the
+    grader can hold a fixed copy to the planted pipeline's training."""
+    def run(bugs: tuple[str, ...]) -> tuple[list[float], list[list[int]]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step = mystery.for_student("clean", "tiny", bugs=bugs).module().make_step(3)
+            out = [step() for _ in range(3)]
+        return [float(loss) for loss, _ in out], [list(i) for _, i in out]
+
+    clean = run(())
+    for bug in CATALOGUE:
+        assert run((bug.key,)) == clean, bug.key
+
+
+# ---------------------------------------------------------------------------------------------
+# The diagnosis
+
+
+def test_a_right_diagnosis_earns_everything_and_each_mistake_costs_its_share() -> None:
+    student = "alice"
+    planted = mystery.for_student(student).planted
+    right = _right_answers(student)
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": right}, student).fraction == 1.0
+    # One bug left out: two thirds.
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": right[:2]}, student).fraction == pytest.approx(2 / 3)
+    # The wrong bottleneck type for one: half of that bug's share lost.
+    wrong_kind = [dict(right[0], kind=next(k for k in KINDS if k != planted[0].kind)), *right[1:]]
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": wrong_kind}, student)
+    assert mark.fraction == pytest.approx(5 / 6) and "type right for 2 of them" in mark.message
+    # The wrong line for one: that bug's share lost, and the stray finding costs as much again.
+    taken = {n for p in planted for n in p.accepted_lines}
+    wrong_line = [dict(right[0], line=next(n for n in range(10, 200) if n not in taken)), *right[1:]]
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": wrong_line}, student)
+    assert mark.fraction == pytest.approx(1 / 3) and "with no planted bug" in mark.message
+
+
+def test_a_finding_in_a_helper_only_the_bug_calls_counts() -> None:
+    student = next(f"s{i}" for i in range(200) if any(p.helper_lines for p in mystery.for_student(f"s{i}").planted))
+    planted = mystery.for_student(student).planted
+    answers = [_finding(p.helper_lines[-1] if p.helper_lines else p.lines[0], p.kind) for p in planted]
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": answers}, student).fraction == 1.0
+
+
+def test_listing_every_line_or_copying_another_ids_answers_earns_no_more_than_a_blank() -> None:
+    student = "alice"
+    n = len(mystery.for_student(student).source.splitlines())
+    shotgun = [_finding(line, kind) for line in range(1, n + 1) for kind in ("data",)]
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": shotgun}, student).fraction == 0.0
+    for other in ("bob", "carol"):
+        copied = _right_answers(other)
+        assert _mark("mystery_diagnosis", {"DIAGNOSIS": copied}, student).fraction == 0.0, other
+    blank = _mark("mystery_diagnosis", {}, student)
+    assert blank.fraction == 0.0 and "defines no `DIAGNOSIS`" in blank.message
+
+
+@pytest.mark.parametrize("forged", [None, True, "all of them", [], [{"line": 3}], {"findings": []},
+                                    [{"line": "90", "function": "f", "kind": "data", "tool": "cProfile",
+                                      "evidence": "x", "fix": "y"}]])
+def test_malformed_diagnoses_earn_nothing_and_say_why(forged: Any) -> None:
+    mark = judging.judge_cell("mystery_diagnosis", judges.JUDGES["mystery_diagnosis"],
+                              _ctx("alice", {"mystery_diagnosis": {"observed": {"findings": forged}}}))
+    assert mark.fraction == 0.0 and mark.message
+
+
+def test_without_the_graders_student_id_nothing_is_judged() -> None:
+    mark = judging.judge_cell("mystery_diagnosis", judges.JUDGES["mystery_diagnosis"],
+                              _ctx("", {"mystery_diagnosis": {"observed": {"findings": _right_answers("alice")}}}))
+    assert mark.fraction == 0.0 and "no student id" in mark.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace
+
+
+def _events(step_us: list[float], data: float, backward: float, nodes: dict[str, float]) -> list[list[Any]]:
+    out: list[list[Any]] = [[f"ProfilerStep#{i}", 1000 * i, d] for i, d in enumerate(step_us)]
+    out += [["data", 0, data], ["forward", 0, 1.0], ["backward", 0, backward]]
+    out += [[lab01_mystery.BACKWARD_NODE + name, 0, t] for name, t in nodes.items()]
+    return out
+
+
+def test_trace_answers_are_checked_against_the_graders_parse_of_the_same_trace() -> None:
+    events = _events([50_000, 70_000], data=48_000, backward=30_000,
+                     nodes={"ConvolutionBackward0": 20_000, "AddmmBackward0": 500})
+    facts = judges.trace_facts(events)
+    assert (facts.steps, facts.step_ms, facts.data_share, facts.backward_share) == (2, 60.0, 0.4, 0.25)
+    right = {"step_ms": 60.4, "data_share": 0.41, "backward_share": 0.25, "top_backward": "ConvolutionBackward0"}
+    obs = {"mystery_trace": {"observed": {"answers": right, "events": events}}}
+    assert judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs)).fraction == 1.0
+    wrong = dict(right, step_ms=120.0, top_backward="AddmmBackward0")
+    obs = {"mystery_trace": {"observed": {"answers": wrong, "events": events}}}
+    mark = judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs))
+    assert mark.fraction == 0.5 and "step_ms" in mark.message and "top_backward" in mark.message
+    for events_sent in (None, [], [["ProfilerStep#1", 0, 10]]):
+        obs = {"mystery_trace": {"observed": {"answers": right, "events": events_sent}}}
+        assert judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs)).fraction == 0.0
+
+
+def test_the_trace_probe_reads_a_real_torch_profiler_trace(tmp_path, tiny_data) -> None:
+    import torch
+
+    step = mystery.for_student("alice", "tiny").module().make_step(0)
+    path = tmp_path / "trace.json"
+    with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            step()
+            prof.step()
+    facts = judges.trace_facts(lab01_mystery.trace_events(path))
+    assert facts.steps == 2 and facts.step_ms > 0 and 0 < facts.data_share < 1 and 0 < facts.backward_share < 1
+    assert max(facts.backward_totals, key=facts.backward_totals.get).endswith("Backward0")
+    assert json.loads(path.read_text())["traceEvents"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fix, and the reference investigation end to end
+
+
+def _fix_mark(student: str, source: str | None, claim: float | None = None) -> judging.Mark:
+    obs = {"mystery_fix": {"observed": {"source": source, "claim": claim, "path": "mystery_fixed.py"}}}
+    return judging.judge_cell("mystery_fix", judges.JUDGES["mystery_fix"], _ctx(student, obs))
+
+
+def test_an_unchanged_copy_a_missing_one_or_a_fix_that_changes_the_training_earns_nothing(tiny_data) -> None:
+    student = "bob"
+    planted = mystery.for_student(student, "tiny").source
+    mark = _fix_mark(student, planted, claim=2.0)
+    assert mark.fraction == 0.0 and "no change" in mark.message
+    mark = _fix_mark(student, None)
+    assert mark.fraction == 0.0 and "from a cell of the notebook" in mark.message
+    # Faster by learning less: a lower learning rate changes every loss after the first step.
+    cheat = planted.replace("lr=0.01", "lr=0.001")
+    assert cheat != planted
+    mark = _fix_mark(student, cheat)
+    assert mark.fraction == 0.0 and mark.verdict is not None and mark.verdict["verdict"] == "fail", mark.message
+
+
+def _solution_cells() -> tuple[str, list[str]]:
+    cells = [c for c in H.source_cells(LAB) if c.cell_type == "code"]
+    start = next(i for i, c in enumerate(cells) if "MY_ID = " in c.source)
+    stop = next(i for i, c in enumerate(cells) if 'RESULTS["mystery"]' in c.source)
+    return cells[0].source, [c.source for c in cells[start:stop]]
+
+
+@pytest.mark.parametrize("student", IDS)
+def test_the_reference_investigation_finds_every_planted_bug_and_its_fix_is_verified(
+        student: str, tiny_data, tmp_path, monkeypatch) -> None:
+    """The solution's part 10, run as `student` (its hidden blocks run the grader's judges in this
+    process): every planted bug found with its type, the fixed copy re-measured faster with the same
+    training, the trace answers right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setenv(mystery.STUDENT_ENV, student)
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    monkeypatch.chdir(tmp_path)
+    setup, cells = _solution_cells()
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(setup.replace("common.setup_notebook()", ""), "setup", "exec"), namespace)
+    for source in cells:
+        exec(compile(re.sub(r"(?m)^%.*$", "", source), "cell", "exec"), namespace)
+    planted = mystery.for_student(student, "tiny").planted
+    found = {f["line"] for f in namespace["DIAGNOSIS"]}
+    assert all(found & p.accepted_lines for p in planted), (namespace["DIAGNOSIS"], planted)
+    fixed = Path(namespace["FIXED_PIPELINE"]).read_text()
+    mark = _fix_mark(student, fixed, namespace["FIX_SPEEDUP"])
+    assert mark.fraction == 1.0 and mark.verdict["speedup"] > judges.FIX_BAR, mark.message
+
