@@ -48,6 +48,10 @@ def _release():
     ("%env PERFLAB_MODE=tiny", "PERFLAB_MODE"),
     ("open('../../solutions/lab01.py').read()", "reads outside its folder"),
     ("import perflab, os\nos.listdir(os.path.dirname(perflab.__file__))", "perflab package's own files"),
+    ("from perflab import mystery\nDIAGNOSIS = [p.lines for p in mystery.for_student(STUDENT_ID).planted]",
+     "what perflab planted"),
+    ("import perflab.mystery.catalogue as c\nbugs = c.CATALOGUE", "what perflab planted"),
+    ("from perflab.mystery import draw\nbugs = draw('me')", "perflab.mystery.draw"),
 ])
 def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, needle):
     messages = checks.scan_code(code)
@@ -64,6 +68,8 @@ def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, need
     "import time\nstart = time.perf_counter()",
     "def f(:\n  broken",  # unparseable code is scored by running it, not here
     "n_steps = 10",
+    "from perflab import mystery\nfrom perflab.labs import lab01_mystery\nSTUDENT_ID = mystery.student_id(MY_ID)\n"
+    "PIPELINE = lab01_mystery.write_pipeline(STUDENT_ID)\ncosts = lab01_mystery.line_costs(PIPELINE)",
 ])
 def test_scan_code_leaves_honest_code_alone(code):
     assert checks.scan_code(code) == []

@@ -213,6 +213,7 @@ def scan_code(source: str, known: dict[str, str] | None = None) -> list[str]:
         return messages
     aliases = {**(known or {}), **_aliases(tree)}
     messages += _scan_hooks_env_paths(tree, aliases)
+    messages += _scan_planted_truth(tree, aliases)
     for node in ast.walk(tree):
         line = f"line {getattr(node, 'lineno', '?')}: "
         targets: list[ast.expr] = []
@@ -292,6 +293,29 @@ def _scan_hooks_env_paths(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
                 out.append(line + "the code reads outside its folder (the perflab package's own files); "
                            "flagged for review")
     return out
+
+
+# What perflab knows of lab 1's mystery pipeline (which bugs, on which lines): a diagnosis comes from
+# measurements, and a notebook that reads these is reviewed by a person. Writing, loading and
+# measuring the pipeline (lab01_mystery, mystery.student_id) are the lab's own tools.
+PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.draw", "perflab.mystery.catalogue",
+                 "perflab.mystery.template", "perflab.mystery.planted_step", "perflab.mystery.Mystery",
+                 "perflab.mystery.Planted", "perflab.mystery.CATALOGUE", "perflab.labs.hidden")
+PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines"})
+
+
+def _scan_planted_truth(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Attribute, ast.Name)):
+            continue
+        dotted = _dotted(node, aliases) or ""
+        if any(dotted == name or dotted.startswith(name + ".") for name in PLANTED_TRUTH) or (
+                isinstance(node, ast.Attribute) and node.attr in PLANTED_ATTRS):
+            out.append(f"line {getattr(node, 'lineno', '?')}: the code reads what perflab planted in the "
+                       f"mystery pipeline ({dotted or node.attr}); a diagnosis comes from your measurements "
+                       "(flagged for review)")
+    return list(dict.fromkeys(out))
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:

@@ -1136,7 +1136,7 @@ KNOWN = (
     (r"image\.tolist\(\)", "data", "cProfile", r"collate_fn=python_collate", 1, None),
     (r"torch\.histc\(p\.grad", "sync", "torch.profiler", r"torch\.histc\(p\.grad", 2, None),
     (r"accuracy\(self\.model, images, labels\)", "compute", "torch.profiler", r"= accuracy\(self\.model", 1, None),
-    (r"copy\.deepcopy\(self\.model", "memory", "memory profiler", r"copy\.deepcopy\(self\.model", 1, None),
+    (r"copy\.deepcopy\(self\.model", "memory", "line_profiler", r"copy\.deepcopy\(self\.model", 1, None),
 )
 
 
