@@ -155,9 +155,11 @@ def test_without_the_graders_student_id_nothing_is_judged() -> None:
 # The trace
 
 
-def _events(step_us: list[float], data: float, backward: float, nodes: dict[str, float]) -> list[list[Any]]:
+def _events(step_us: list[float], data: float, backward: float, nodes: dict[str, float],
+            student: str = "alice") -> list[list[Any]]:
     out: list[list[Any]] = [[f"ProfilerStep#{i}", 1000 * i, d] for i, d in enumerate(step_us)]
     out += [["data", 0, data], ["forward", 0, 1.0], ["backward", 0, backward]]
+    out += [[f"{lab01_mystery.RUN_LABEL}{mystery.for_student(student).run_id}", 0, data / 2]]
     out += [[lab01_mystery.BACKWARD_NODE + name, 0, t] for name, t in nodes.items()]
     return out
 
@@ -174,6 +176,11 @@ def test_trace_answers_are_checked_against_the_graders_parse_of_the_same_trace()
     obs = {"mystery_trace": {"observed": {"answers": wrong, "events": events}}}
     mark = judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs))
     assert mark.fraction == 0.5 and "step_ms" in mark.message and "top_backward" in mark.message
+    # A trace of another id's pipeline (its run label), however consistent the answers, earns nothing.
+    theirs = _events([50_000, 70_000], 48_000, 30_000, {"ConvolutionBackward0": 20_000}, student="bob")
+    obs = {"mystery_trace": {"observed": {"answers": right, "events": theirs}}}
+    mark = judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs))
+    assert mark.fraction == 0.0 and "not a trace of your pipeline" in mark.message
     for events_sent in (None, [], [["ProfilerStep#1", 0, 10]]):
         obs = {"mystery_trace": {"observed": {"answers": right, "events": events_sent}}}
         assert judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx("alice", obs)).fraction == 0.0
@@ -190,6 +197,7 @@ def test_the_trace_probe_reads_a_real_torch_profiler_trace(tmp_path, tiny_data) 
             step()
             prof.step()
     facts = judges.trace_facts(lab01_mystery.trace_events(path))
+    assert facts.runs == {f"run {mystery.for_student('alice', 'tiny').run_id}"}
     assert facts.steps == 2 and facts.step_ms > 0 and 0 < facts.data_share < 1 and 0 < facts.backward_share < 1
     assert max(facts.backward_totals, key=facts.backward_totals.get).endswith("Backward0")
     assert json.loads(path.read_text())["traceEvents"]
@@ -216,6 +224,17 @@ def test_an_unchanged_copy_a_missing_one_or_a_fix_that_changes_the_training_earn
     assert cheat != planted
     mark = _fix_mark(student, cheat)
     assert mark.fraction == 0.0 and mark.verdict is not None and mark.verdict["verdict"] == "fail", mark.message
+
+
+def test_another_ids_fixed_copy_does_not_train_as_this_pipeline(tiny_data) -> None:
+    """Each id's pipeline seeds its own run (RUN_ID): a friend's fixed copy, however fast, trains on
+    other samples from other weights, and the grader's correctness gate refuses it."""
+    friends_fix = mystery.for_student("bob", "tiny", bugs=()).source
+    mark = _fix_mark("alice", friends_fix, claim=1.5)
+    assert mark.fraction == 0.0 and mark.verdict is not None and mark.verdict["verdict"] == "fail", mark.message
+    own_fix = mystery.for_student("alice", "tiny", bugs=()).source
+    mark = _fix_mark("alice", own_fix)
+    assert mark.fraction == 1.0, mark.message
 
 
 def _solution_cells() -> tuple[str, list[str]]:
@@ -249,3 +268,25 @@ def test_the_reference_investigation_finds_every_planted_bug_and_its_fix_is_veri
     mark = _fix_mark(student, fixed, namespace["FIX_SPEEDUP"])
     assert mark.fraction == 1.0 and mark.verdict["speedup"] > judges.FIX_BAR, mark.message
 
+
+
+def test_a_submission_that_works_on_another_ids_pipeline_scores_no_more_than_a_blank(tiny_data, tmp_path) -> None:
+    """Graded as 'mallory', the reference notebook with its kernel told to draw dave's pipeline (so it
+    diagnoses, fixes and traces dave's, honestly and right) earns nothing of the investigation: the grader
+    judges mallory's pipeline, whatever the kernel drew, and flags the changed id for a person."""
+    import nbformat
+
+    from perflab.labs import build
+
+    victim, cheat = mystery.for_student("mallory"), mystery.for_student("dave")
+    assert not ({n for p in cheat.planted for n in p.lines} & {n for p in victim.planted for n in p.accepted_lines})
+    nb = build.read_notebook(build.source_notebook(LAB))
+    cell = next(c for c in nb.cells if "MY_ID = " in c.source)
+    cell.source = f'import os\nos.environ["{mystery.STUDENT_ENV}"] = "dave"\n' + cell.source
+    path = tmp_path / f"{LAB}.ipynb"
+    nbformat.write(nb, path)
+    run = H.autograde(H.course_for(LAB), LAB, "mallory", path)
+    scores = {s.grade_id: s.auto_score for s in run.autograded}
+    assert scores["mystery_diagnosis"] == scores["mystery_fix"] == scores["mystery_trace"] == 0, run.shortfalls()
+    assert scores["time_callable_hidden"] > 0  # the rest of the notebook was graded as usual
+    assert run.record.flagged and any("PERFLAB_STUDENT_ID" in f for f in run.record.flags), run.record.flags

@@ -75,8 +75,8 @@ def test_non_finite_numbers_are_refused() -> None:
 
 
 def test_an_unknown_section_says_which_sections_exist() -> None:
-    with pytest.raises(ResultsError, match=r"'sections.mystery': not a section perflab knows \(ablation, .*speedups"):
-        results.make("lab01_measure", {"mystery": 1})
+    with pytest.raises(ResultsError, match=r"'sections.riddle': not a section perflab knows \(ablation, .*speedups"):
+        results.make("lab01_measure", {"riddle": 1})
 
 
 def test_the_schema_is_a_valid_json_schema_and_ships_with_the_package() -> None:

@@ -49,6 +49,7 @@ PIPELINE_FILE = mystery.FILENAME
 TRACE_KEYS = ("step_ms", "data_share", "backward_share", "top_backward")
 PHASES = ("data", "forward", "backward", "optimizer")
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
+RUN_LABEL = "run "  # the pipeline labels its data phase "run <RUN_ID>": whose pipeline a trace shows
 # What the probes send up: a fixed pipeline and a trace's events are small, but bounded.
 MAX_SOURCE_CHARS = 256 * 1024
 MAX_TRACE_EVENTS = 50_000
@@ -217,7 +218,7 @@ def check_fixed(fixed: str | os.PathLike[str], planted: str | os.PathLike[str] =
 
 def trace_events(path: str | os.PathLike[str]) -> list[list[Any]]:
     """[name, ts, dur] of the complete events of a Chrome trace that the trace questions need: the
-    profiled steps, the pipeline's phase labels and the backward nodes."""
+    profiled steps, the pipeline's phase and run labels and the backward nodes."""
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
     events = doc.get("traceEvents", doc) if isinstance(doc, dict) else doc
     out = []
@@ -225,7 +226,7 @@ def trace_events(path: str | os.PathLike[str]) -> list[list[Any]]:
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         name = str(event.get("name", ""))
-        if name.startswith("ProfilerStep#") or name in PHASES or name.startswith(BACKWARD_NODE):
+        if (name.startswith(("ProfilerStep#", RUN_LABEL, BACKWARD_NODE)) or name in PHASES):
             out.append([name, event.get("ts"), event.get("dur")])
             if len(out) >= MAX_TRACE_EVENTS:
                 break

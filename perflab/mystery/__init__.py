@@ -5,8 +5,9 @@
     case = mystery.for_student("alice")        # the same pipeline for the same id, every time
     case.write("mystery_pipeline.py")          # a plain script: run it, profile it, fix a copy
 
-Which bugs (two or three of `catalogue.CATALOGUE`) and where they sit depend on a hash of the
-student's id, so two students' answers do not carry over. The script follows `perflab.verify`'s
+Which bugs (three of `catalogue.CATALOGUE`) and where they sit depend on a hash of the student's
+id, and so does the run it trains (`RUN_ID` seeds its weights and sample order): two students'
+answers do not carry over, and another student's fixed copy does not train as this pipeline does. The script follows `perflab.verify`'s
 candidate contract (`make_step(seed)`), so the grader re-measures a student's fixed copy against the
 planted one (`planted_step`) and checks that it trains the same way.
 """
@@ -63,6 +64,7 @@ class Mystery:
     student: str
     source: str
     planted: tuple[Planted, ...]
+    run_id: int  # seeds the run; the pipeline's traces carry it in a "run <id>" label
 
     def write(self, path: str | os.PathLike[str] = FILENAME) -> Path:
         """Write the script to `path` (overwriting it) and return the path."""
@@ -129,11 +131,12 @@ def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | N
     rng = random.Random(_seed(student) ^ 0x5EED)
     chosen = draw(student) if bugs is None else tuple(BY_KEY[k] for k in bugs)
     data, image_size, batch_size = sizes_for(mode)
+    run_id = rng.randrange(1, 1_000_000)
     helpers = list(template.HELPERS)
     rng.shuffle(helpers)
     helpers = helpers[: rng.randint(2, len(helpers))]
     head = template.HEADER.format(student=student, filename=FILENAME, data=data, image_size=image_size,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, run_id=run_id)
     text = head + "".join("\n" + h for h in helpers) + template.DATASET + template.TRAINER
     by_site: dict[str, list[Bug]] = {}
     for bug in chosen:
@@ -165,7 +168,7 @@ def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | N
                             tuple(i + 1 for i, f in enumerate(functions)
                                   if f.split(".")[0] in b.helpers and out[i].strip()))
                     for b in chosen)
-    return Mystery(student, source, planted)
+    return Mystery(student, source, planted, run_id)
 
 
 def _functions(lines: list[str]) -> list[str]:

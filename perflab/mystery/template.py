@@ -40,6 +40,7 @@ log = logging.getLogger("mystery")
 DATA = "{data}"  # which of perflab's data sets (perflab dataset build --size {data})
 IMAGE_SIZE = {image_size}
 BATCH_SIZE = {batch_size}
+RUN_ID = {run_id}  # this experiment's id: it seeds the weights, the sample order and the flips
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 MEAN_VALUES, STD_VALUES = MEAN.flatten().tolist(), STD.flatten().tolist()
@@ -134,6 +135,7 @@ class Trainer:
     """Model, data and optimizer; `step()` runs one training step."""
 
     def __init__(self, seed: int, data: str = DATA) -> None:
+        seed = seed * 1_000_003 + RUN_ID
         torch.manual_seed(seed)
         self.dataset = JpegFolder(data_root(data) / "train", seed)
         self.model = torchvision.models.resnet18(num_classes=len(self.dataset.classes))
@@ -148,11 +150,12 @@ class Trainer:
         #@ init
 
     def next_batch(self):
-        try:
-            return next(self.batches)
-        except StopIteration:  # a new epoch
-            self.batches = iter(self.loader)
-            return next(self.batches)
+        with record_function(f"run {RUN_ID}"):  # which run a trace shows
+            try:
+                return next(self.batches)
+            except StopIteration:  # a new epoch
+                self.batches = iter(self.loader)
+                return next(self.batches)
 
     def step(self):
         with record_function("data"):

@@ -17,7 +17,13 @@ from typing import Any
 from perflab import mystery
 from perflab.grading.judging import Context, Mark
 from perflab.grading.probing import decode_float
-from perflab.labs.lab01_mystery import BACKWARD_NODE, PHASES, TRACE_KEYS, diagnosis_problems
+from perflab.labs.lab01_mystery import (
+    BACKWARD_NODE,
+    PHASES,
+    RUN_LABEL,
+    TRACE_KEYS,
+    diagnosis_problems,
+)
 from perflab.mystery.catalogue import BY_KEY
 
 # A finding's worth: half for the location, half for the bottleneck type at that location. A finding
@@ -163,6 +169,7 @@ class TraceFacts:
     data_share: float
     backward_share: float
     backward_totals: dict[str, float]  # node -> total µs
+    runs: frozenset[str] = frozenset()  # the "run <id>" labels it holds
 
 
 def trace_facts(events: Any) -> TraceFacts:
@@ -171,6 +178,7 @@ def trace_facts(events: Any) -> TraceFacts:
     steps: list[float] = []
     phases = {name: 0.0 for name in PHASES}
     nodes: dict[str, float] = {}
+    runs: set[str] = set()
     for event in events:
         if not (isinstance(event, list) and len(event) == 3 and isinstance(event[0], str)):
             continue
@@ -184,12 +192,14 @@ def trace_facts(events: Any) -> TraceFacts:
         elif name.startswith(BACKWARD_NODE):
             node = name[len(BACKWARD_NODE):]
             nodes[node] = nodes.get(node, 0.0) + dur
+        elif name.startswith(RUN_LABEL):
+            runs.add(name)
     assert steps and sum(steps) > 0, "TRACE_FILE holds no profiled step (ProfilerStep#): call prof.step() each step"
     assert phases["forward"] > 0 and phases["backward"] > 0 and nodes, (
         "TRACE_FILE holds no forward and backward labels of the pipeline: profile the pipeline's own steps")
     total = sum(steps)
     return TraceFacts(len(steps), total / len(steps) / 1e3, phases["data"] / total, phases["backward"] / total,
-                      nodes)
+                      nodes, frozenset(runs))
 
 
 def trace_mistakes(answers: Any, facts: TraceFacts) -> list[str]:
@@ -215,6 +225,10 @@ def trace_mistakes(answers: Any, facts: TraceFacts) -> list[str]:
 def judge_trace(observed: Any, ctx: Context) -> Mark | None:
     assert isinstance(observed, dict), "TRACE_ANSWERS: no answer"
     facts = trace_facts(observed.get("events"))
+    run = f"{RUN_LABEL}{truth(ctx).run_id}"
+    assert run in facts.runs, (
+        f"TRACE_FILE is not a trace of your pipeline (its data phase is labelled {run!r}): profile the pipeline "
+        "the notebook wrote for you")
     wrong = trace_mistakes(observed.get("answers"), facts)
     if not wrong:
         return None
