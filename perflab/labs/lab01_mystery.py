@@ -3,7 +3,7 @@ probes that hand those answers to the grader.
 
 The notebook writes the student's own pipeline (`write_pipeline`), profiles it with lab 1's tools
 (`line_costs` is line_profiler over every function of the script; cProfile, torch.profiler and the
-memory tools are used directly), and answers in four names:
+memory tools are used directly), and answers in five names:
 
     DIAGNOSIS       a list with one finding per bug found, each a dict:
                       line      int, the line of the pipeline file where the bug is
@@ -28,12 +28,11 @@ no bug costs points), re-measures the fixed copy against the planted pipeline in
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
 import os
-import sys
+import time
 import types
 import warnings
 from collections.abc import Mapping
@@ -63,15 +62,9 @@ def write_pipeline(student: str, path: str | os.PathLike[str] = PIPELINE_FILE) -
 
 def load_pipeline(path: str | os.PathLike[str]) -> types.ModuleType:
     """Import a pipeline file as a fresh module (every call re-reads the file)."""
-    path = Path(path)
-    name = f"mystery_pipeline_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    from perflab.verify.candidates import import_file
+
+    return import_file(path, f"mystery_pipeline_{next(_counter)}")
 
 
 @dataclass(frozen=True)
@@ -100,8 +93,6 @@ def line_costs(path: str | os.PathLike[str], steps: int = 10, seed: int = 0) -> 
         warnings.simplefilter("ignore")
         step = module.make_step(seed)
         step()
-        import time
-
         start = time.perf_counter()
         profiler.enable_by_count()
         try:
@@ -273,8 +264,6 @@ def quick_speedup(planted: str | os.PathLike[str], fixed: str | os.PathLike[str]
                   rounds: int = 5, seed: int = 0) -> float:
     """The fixed pipeline's speedup over the planted one on this machine: `rounds` interleaved pairs of
     `steps`-step blocks after a warm-up step each, the ratio of the fastest blocks (noise only adds time)."""
-    import time
-
     sides = []
     for path in (planted, fixed):
         with warnings.catch_warnings():

@@ -124,13 +124,19 @@ def load_factory(side: Side) -> Factory:
     return _load_module_factory(Path(side.target), side.factory)
 
 
-def _load_module_factory(path: Path, name: str) -> Factory:
-    spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+def import_file(path: str | os.PathLike[str], module_name: str) -> Any:
+    """Execute a Python file as the module `module_name` (registered in sys.modules) and return it."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise CandidateError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[CANDIDATE_MODULE] = module
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def _load_module_factory(path: Path, name: str) -> Factory:
+    module = import_file(path, CANDIDATE_MODULE)
     factory = getattr(module, name, None)
     if not callable(factory):
         raise CandidateError(f"{path.name}: defines no function {name}(seed) (the lab's contract needs it)")
