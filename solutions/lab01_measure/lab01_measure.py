@@ -1115,6 +1115,8 @@ del trainer
 
 # %% nbgrader={"grade": false, "grade_id": "mystery_investigation", "locked": false, "schema_version": 3, "solution": true, "task": false}
 FIXED_PIPELINE = "mystery_fixed.py"
+# DIAGNOSIS = [{"line": 57, "function": "JpegFolder.__getitem__", "kind": "data", "tool": "line_profiler",
+#               "evidence": "line 57 holds 40% of a step in 1536 hits", "fix": "what you changed"}, ...]
 ### BEGIN SOLUTION
 import re as _re
 
