@@ -117,6 +117,14 @@ def test_a_right_diagnosis_earns_everything_and_each_mistake_costs_its_share() -
     assert mark.fraction == pytest.approx(1 / 3) and "with no planted bug" in mark.message
 
 
+def test_a_bug_reported_line_by_line_counts_once_and_costs_nothing() -> None:
+    student = next(f"s{i}" for i in range(200) if any(len(p.lines) > 1 for p in mystery.for_student(f"s{i}").planted))
+    planted = mystery.for_student(student).planted
+    each_line = [_finding(n, p.kind) for p in planted for n in p.lines]
+    assert len(each_line) > len(planted)
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": each_line}, student).fraction == 1.0
+
+
 def test_a_finding_in_a_helper_only_the_bug_calls_counts() -> None:
     student = next(f"s{i}" for i in range(200) if any(p.helper_lines for p in mystery.for_student(f"s{i}").planted))
     planted = mystery.for_student(student).planted

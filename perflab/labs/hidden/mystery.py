@@ -64,8 +64,9 @@ class DiagnosisScore:
 
 
 def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mystery.Planted]) -> DiagnosisScore:
-    """Each planted bug is matched by at most one finding at one of its lines; the type counts where
-    the location does. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
+    """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
+    bug count once); the type counts where the location does. Findings at no planted line each take
+    LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
     located = typed = 0
     stray: list[int] = []
@@ -73,8 +74,9 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
         line = finding.get("line")
         hit = next((p for p in unmatched if isinstance(line, int) and line in p.accepted_lines), None)
         if hit is None:
-            stray.append(line if isinstance(line, int) else -1)
-            continue
+            if not any(isinstance(line, int) and line in p.accepted_lines for p in planted):
+                stray.append(line if isinstance(line, int) else -1)
+            continue  # another line of a bug already found: neither credit nor cost
         unmatched.remove(hit)
         located += 1
         if finding.get("kind") in BY_KEY[hit.key].kinds:
