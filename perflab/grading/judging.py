@@ -169,13 +169,14 @@ def check_here(lab: str, grade_id: str, namespace: Mapping[str, Any], seed: int 
     AssertionError with the grader's message when the answer would lose points."""
     from perflab import env
     from perflab.grading.harness import probes_for
+    from perflab.mystery import STUDENT_ENV
 
     probes = probes_for(lab, Path.cwd()) or {}
     judges = judges_for(lab) or {}
     if grade_id not in probes or grade_id not in judges:
         raise KeyError(f"{lab}: no probe and judge for {grade_id!r}")
     observations = run_probes({grade_id: probes[grade_id]}, namespace, seed)
-    student = os.environ.get("PERFLAB_STUDENT_ID", "") or str(namespace.get("STUDENT_ID", "") or "")
+    student = os.environ.get(STUDENT_ENV, "") or str(namespace.get("STUDENT_ID", "") or "")
     ctx = Context(lab, seed, mode or env.run_mode(), observations, student=student)
     mark = judge_cell(grade_id, judges[grade_id], ctx)
     if mark.fraction < 1.0:
