@@ -298,3 +298,13 @@ def test_a_submission_that_works_on_another_ids_pipeline_scores_no_more_than_a_b
     assert scores["mystery_diagnosis"] == scores["mystery_fix"] == scores["mystery_trace"] == 0, run.shortfalls()
     assert scores["time_callable_hidden"] > 0  # the rest of the notebook was graded as usual
     assert run.record.flagged and any("PERFLAB_STUDENT_ID" in f for f in run.record.flags), run.record.flags
+
+
+def test_writing_the_pipeline_builds_the_data_set_it_trains_on(tmp_path, monkeypatch) -> None:
+    from perflab import dataset
+
+    monkeypatch.setenv(dataset.DATA_DIR_ENV, str(tmp_path / "data"))
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    assert not dataset.is_built("tiny")
+    path = lab01_mystery.write_pipeline("alice", tmp_path / "mystery_pipeline.py")
+    assert dataset.is_built("tiny") and path.read_text() == mystery.for_student("alice", "tiny").source

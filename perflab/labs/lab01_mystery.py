@@ -56,7 +56,14 @@ _counter = itertools.count()
 
 
 def write_pipeline(student: str, path: str | os.PathLike[str] = PIPELINE_FILE) -> Path:
-    """Write `student`'s mystery pipeline to `path` (beside the notebook) and return the path."""
+    """Write `student`'s mystery pipeline to `path` (beside the notebook) and return the path; the data
+    set it trains on is built first if it is not (once, offline)."""
+    from perflab import dataset
+
+    data = mystery.sizes_for()[0]
+    if not dataset.is_built(data):
+        print(f"building the {data} data set the pipeline trains on (once)...")
+        dataset.build(data, progress=False)
     return mystery.for_student(student).write(path)
 
 
