@@ -137,11 +137,11 @@ def _functions(module: types.ModuleType) -> list[tuple[str, Any]]:
 # Visible checks: the form of the answers (never whether they are right)
 
 
-def diagnosis_problems(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_FILE) -> list[str]:
-    """Why `diagnosis` does not follow the contract (empty when its form is right)."""
+def diagnosis_problems(diagnosis: Any, n_lines: int) -> list[str]:
+    """Why `diagnosis` of a pipeline of `n_lines` lines does not follow the contract (empty when its
+    form is right)."""
     if not isinstance(diagnosis, (list, tuple)) or not diagnosis:
         return ["DIAGNOSIS should be a non-empty list of findings (dicts)"]
-    lines = Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []
     problems = []
     for i, finding in enumerate(diagnosis):
         where = f"finding {i}"
@@ -149,8 +149,9 @@ def diagnosis_problems(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_F
             problems.append(f"{where}: a dict with line, function, kind, tool, evidence and fix")
             continue
         line = finding.get("line")
-        if not isinstance(line, int) or isinstance(line, bool) or not 1 <= line <= max(len(lines), 1):
-            problems.append(f"{where}: line should be a line number of {Path(path).name}, got {line!r}")
+        if not isinstance(line, int) or isinstance(line, bool) or not 1 <= line <= max(n_lines, 1):
+            problems.append(f"{where}: line should be a line number of the pipeline (1 to {n_lines}), "
+                            f"got {line!r}")
         if finding.get("kind") not in KINDS:
             problems.append(f"{where}: kind should be one of {', '.join(KINDS)}, got {finding.get('kind')!r}")
         if finding.get("tool") not in TOOLS:
@@ -162,8 +163,9 @@ def diagnosis_problems(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_F
 
 
 def check_diagnosis(diagnosis: Any, path: str | os.PathLike[str] = PIPELINE_FILE) -> None:
-    """AssertionError naming the first problem with the form of `diagnosis`."""
-    problems = diagnosis_problems(diagnosis, path)
+    """AssertionError naming the first problem with the form of `diagnosis` of the pipeline at `path`."""
+    n_lines = len(Path(path).read_text(encoding="utf-8").splitlines()) if Path(path).is_file() else 0
+    problems = diagnosis_problems(diagnosis, n_lines)
     assert not problems, problems[0]
 
 

@@ -7,9 +7,10 @@
 
 Which bugs (three of `catalogue.CATALOGUE`) and where they sit depend on a hash of the student's
 id, and so does the run it trains (`RUN_ID` seeds its weights and sample order): two students'
-answers do not carry over, and another student's fixed copy does not train as this pipeline does. The script follows `perflab.verify`'s
-candidate contract (`make_step(seed)`), so the grader re-measures a student's fixed copy against the
-planted one (`planted_step`) and checks that it trains the same way.
+answers do not carry over, and another student's fixed copy does not train as this pipeline does.
+The script follows `perflab.verify`'s candidate contract (`make_step(seed)`), so the grader
+re-measures a student's fixed copy against the planted one (`planted_step`) and checks that it
+trains the same way.
 """
 
 from __future__ import annotations

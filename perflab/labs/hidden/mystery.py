@@ -90,8 +90,7 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
 def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     case = truth(ctx)
     findings = observed.get("findings") if isinstance(observed, dict) else None
-    lines = case.source.splitlines()
-    problems = _form_problems(findings, len(lines))
+    problems = diagnosis_problems(findings, len(case.source.splitlines()))
     assert not problems, problems[0]
     score = score_diagnosis(findings, case.planted)
     if score.fraction >= 1.0:
@@ -103,17 +102,6 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
         parts.append(f"{len(score.stray)} finding(s) at lines with no planted bug "
                      f"({', '.join(str(n) for n in score.stray[:6])}), each costing what a right one earns")
     return Mark(round(score.fraction, 6), "; ".join(parts))
-
-
-def _form_problems(findings: Any, n_lines: int) -> list[str]:
-    """The contract's form (as the visible check), against the graded pipeline's length."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / mystery.FILENAME
-        path.write_text("\n" * n_lines, encoding="utf-8")
-        return diagnosis_problems(findings, path)
 
 
 # ---------------------------------------------------------------------------------------------
