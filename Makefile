@@ -20,11 +20,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $@
 
-setup: $(STAMP) data  ## make .venv, install perflab editable with its extras, build the tiny and small data sets
+setup: $(STAMP) data  ## make .venv, install perflab editable with its extras, build the tiny, small and photo data sets
 
-data: $(STAMP)  ## build the tiny and small synthetic data sets (seeded, verified against the manifest)
+data: $(STAMP)  ## build the tiny, small and photo synthetic data sets (seeded, verified against the manifest)
 	$(BIN)/perflab dataset build --size tiny
 	$(BIN)/perflab dataset build --size small
+	$(BIN)/perflab dataset build --size photo
 
 test: setup  ## set up, then run the whole test suite
 	$(BIN)/pytest -q

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from perflab.verify import Side, guard, verify
@@ -64,8 +65,8 @@ def grade(factory: str, bar: float, threads: int | None, **kwargs):
                   hashes=guard.file_hashes(), **kwargs)
 
 
-def honest_study(trials: int, threads: int | None) -> list[dict]:
-    rows = []
+def honest_study(trials: int, threads: int | None, save: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+    rows: list[dict] = []
     for i in range(trials):
         busy = busy_loop() if i % 2 == 1 else None
         try:
@@ -78,6 +79,7 @@ def honest_study(trials: int, threads: int | None) -> list[dict]:
             if busy is not None:
                 busy.kill()
                 busy.wait()
+        save(rows)
         done = rows[-3:]
         print(f"  trial {i + 1:3d}/{trials} {'busy ' if busy else 'quiet'} "
               + "  ".join(f"{r['label']}:{r['outcome'][:4]}" for r in done)
@@ -122,7 +124,7 @@ def adversarial_study(threads: int | None) -> tuple[list[dict], bool]:
     return rows, ok
 
 
-def lab_study(trials: int) -> tuple[list[dict], float]:
+def lab_study(trials: int, save: Callable[[list[dict]], None] = lambda rows: None) -> tuple[list[dict], float]:
     """At lab 3's grade workload and the bar calibrated there: a near-lazy choice (channels_last in fp32:
     real work, no gain on a CPU) and the reference's bf16, half of the trials with one core busy. An
     unchanged configuration, or one that changes only a knob without effect on this device (pin_memory
@@ -133,7 +135,7 @@ def lab_study(trials: int) -> tuple[list[dict], float]:
     base = lab03.baseline_config("grade")
     bar = load_expectation(lab03.expectation_name(base.device_type), workload=base)
     cases = (("near-lazy", base.replace(channels_last=True)), ("reference", base.replace(amp_dtype="bf16")))
-    rows = []
+    rows: list[dict] = []
     for i in range(trials):
         busy = busy_loop() if i % 2 == 1 else None
         try:
@@ -145,6 +147,7 @@ def lab_study(trials: int) -> tuple[list[dict], float]:
             if busy is not None:
                 busy.kill()
                 busy.wait()
+        save(rows)
         print(f"  lab trial {i + 1:3d}/{trials} {'busy ' if busy else 'quiet'} "
               + "  ".join(f"{r['label']}:{r['outcome'][:4]}" for r in rows[-2:]), file=sys.stderr, flush=True)
     return rows, bar.threshold
@@ -198,9 +201,17 @@ def main() -> int:
     start = time.perf_counter()
     print(f"perflab.verify bench: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start", flush=True)
     report: dict = {"load_start": os.getloadavg()}
+
+    def saving(key: str) -> Callable[[list[dict]], None]:
+        """Write the report so far after every trial: a long study that is stopped keeps its rows."""
+        def save(rows: list[dict]) -> None:
+            if args.json:
+                args.json.write_text(json.dumps({**report, key: rows}, indent=1, default=list))
+        return save
+
     passed = True
     if args.lab_trials > 0:
-        lab_rows, bar = lab_study(args.lab_trials)
+        lab_rows, bar = lab_study(args.lab_trials, saving("lab"))
         report["lab"] = lab_rows
         print("\nLab 3's grade workload, held to its calibrated bar (busy: another process spins on one core):")
         print(lab_table(lab_rows, bar))
@@ -213,7 +224,7 @@ def main() -> int:
               f"{'all criteria met' if passed else 'SOME CRITERIA NOT MET'}")
         return 0 if passed else 1
     if not args.skip_honest and args.trials > 0:
-        rows = honest_study(args.trials, args.threads)
+        rows = honest_study(args.trials, args.threads, saving("honest"))
         report["honest"] = rows
         print("\nHonest candidates (busy: another process spins on one core):")
         print(honest_table(rows))

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SIZES = ("tiny", "small", "full")
+SIZES = ("tiny", "small", "photo", "full")
 SPLITS = ("train", "val")
 # ImageNet statistics: the usual choice for ResNet-18, and right for real ImageFolders too.
 MEAN = (0.485, 0.456, 0.406)
@@ -98,11 +98,12 @@ class Recipe:
 
 
 def recipe(size: str, path: Path = RECIPE_PATH) -> Recipe:
-    """The recipe of `size` (tiny, small or full)."""
+    """The recipe of `size` (tiny, small, photo or full): a size's own "jpeg" and "jitter" override the shared ones."""
     _check_size(size)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        jitter, jpeg, spec = data["jitter"], data["jpeg"], data["sizes"][size]
+        spec = data["sizes"][size]
+        jitter, jpeg = {**data["jitter"], **spec.get("jitter", {})}, {**data["jpeg"], **spec.get("jpeg", {})}
         rec = Recipe(
             size=size,
             version=int(data["recipe_version"]),

@@ -186,7 +186,7 @@ def test_best_may_change_loader_knobs_only(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("PERFLAB_MODE", "tiny")
     base = lab02.baseline_config()
     assert lab02.best_problems(base.replace(num_workers=2, persistent_workers=True, prefetch_factor=4)) == []
-    for change in ({"batch_size": 16}, {"gpu_augment": True}, {"amp_dtype": "bf16"}, {"threads": 1}):
+    for change in ({"batch_size": 16}, {"gpu_augment": True}, {"amp_dtype": "bf16"}, {"threads": 2}):
         problems = lab02.best_problems(base.replace(**change))
         assert problems and next(iter(change)) in problems[0]
     assert "TrainConfig" in lab02.best_problems({"num_workers": 2})[0]
@@ -230,4 +230,5 @@ def test_reference_best_is_what_calibration_times() -> None:
     best = lab02.reference_best("grade")
     assert lab02.best_problems(best, "grade") == []
     assert GRADED_IN[lab02.EXPECTATION] == lab02.LAB  # calibrated at this lab's grade workload
-    assert best == baseline_config("grade", lab=lab02.LAB).replace(**REFERENCE_CHANGES[lab02.EXPECTATION])
+    assert best == baseline_config("grade", lab=lab02.LAB).replace(threads=lab02.TRAIN_THREADS,
+                                                                   **REFERENCE_CHANGES[lab02.EXPECTATION])

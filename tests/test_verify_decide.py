@@ -202,6 +202,20 @@ def test_a_calibration_holds_only_at_the_sizes_it_measured(tmp_path):
     assert "calibrated at 64 px, batch 32, small data, this run is 32 px, batch 8, tiny data" in other.reason
 
 
+def test_a_calibration_timed_at_another_thread_count_does_not_hold(tmp_path):
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    runs = [{"speedup": 1.4, "ci": [1.3, 1.5]}]
+    for threads, holds in ((VERIFY_THREADS, True), (VERIFY_THREADS + 1, False)):
+        doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION, "hardware_class": "cpu-x",
+               "verify_threads": threads, "optimisations": {"amp_bf16": {"runs": runs, **expectations.summarise(runs)}}}
+        (tmp_path / "cpu-x.json").write_text(json.dumps(doc))
+        e = load_expectation("amp_bf16", "cpu-x", directory=tmp_path)
+        assert e.calibrated is holds, e.reason
+        if not holds:
+            assert f"calibrated with {threads} torch thread(s)" in e.reason and e.threshold == expectations.PARITY_BAR
+
+
 def test_load_expectation_calibrated_and_fallbacks(tmp_path):
     runs = [{"speedup": 1.6, "ci": [1.5, 1.7]}, {"speedup": 1.7, "ci": [1.55, 1.8]}]
     doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION, "hardware_class": "cuda-x",

@@ -124,6 +124,23 @@ def test_a_knob_that_does_nothing_on_this_device_is_no_change():
         verify(base, base.replace(channels_last=True), expectation=1.12, runner=runner)
 
 
+def test_the_child_times_with_the_verifiers_thread_count_unless_told_otherwise():
+    """The child runs VERIFY_THREADS torch threads (what the bars are calibrated at), so another process
+    holding a core cannot stall its steps; a caller may still name a count."""
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    jobs = []
+
+    def runner(job, **limits):
+        jobs.append(job)
+        return None, "stopped: the test only reads the job", 0.0
+
+    base = TrainConfig(data="tiny", batch_size=8, image_size=32, device="cpu")
+    verify(base, base.replace(channels_last=True), expectation=1.1, runner=runner)
+    verify(base, base.replace(channels_last=True), expectation=1.1, threads=3, runner=runner)
+    assert VERIFY_THREADS == 1 and [job["threads"] for job in jobs] == [1, 3]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_honest_precision_and_layout_changes_pass_the_gate_at_grade_sizes(tiny_data, seed):
     """At the sizes the autograder runs (grade mode), bf16 autocast with channels_last, the change

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--size", choices=("tiny", "small", "full"), default="tiny", help="which set (default tiny)")
+    p.add_argument("--size", choices=("tiny", "small", "photo", "full"), default="tiny", help="which set (default tiny)")
     p.add_argument("--root", type=Path, default=None,
                    help="the folder the set lives in (default: $PERFLAB_DATA_DIR/SIZE, else datasets/build/SIZE)")
 

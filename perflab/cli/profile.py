@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from perflab.training_profile import ProfilePlan, TrainingProfile
 
 # --size -> the run mode whose sizes it takes (docs/DESIGN.md, "How the labs run").
-SIZES = {"tiny": "tiny", "small": "laptop", "full": "full"}
+SIZES = {"tiny": "tiny", "small": "laptop", "photo": "laptop", "full": "full"}
 # Steps timed for throughput when --steps is not given. Small: about a minute on a 2-core laptop
 # for the whole profile (a 64 px step of 32 images takes about half a second there).
 DEFAULT_STEPS = {"tiny": 3, "laptop": 10, "full": 50, "grade": 3}
@@ -31,7 +31,7 @@ DEFAULT_STEPS = {"tiny": 3, "laptop": 10, "full": 50, "grade": 3}
 # Fields whose default comes from --size rather than from TrainConfig.
 _FROM_SIZE = ("data", "image_size", "batch_size")
 _HELP = {
-    "data": "data set: tiny, small, full, an ImageFolder path or cifar10:PATH",
+    "data": "data set: tiny, small, photo, full, an ImageFolder path or cifar10:PATH",
     "batch_size": "images per micro-batch",
     "image_size": "side of the square training crop, at least 32",
     "num_workers": "DataLoader worker processes (0: load in the training process)",
@@ -128,7 +128,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[Any, str]:
         mode, data = SIZES[size], size
     else:
         if not Path(size).expanduser().is_dir():
-            raise UserError(f"--size: {size!r} is not tiny, small, full or an existing folder")
+            raise UserError(f"--size: {size!r} is not tiny, small, photo, full or an existing folder")
         mode, data = env.run_mode(), str(Path(size).expanduser())
     sizes = env.mode_sizes(mode)
     values: dict[str, Any] = {"data": data, "image_size": sizes.image_size, "batch_size": sizes.batch_size}

@@ -57,6 +57,7 @@ from perflab.labs.common import (  # noqa: F401
     report,
     verify_against_bar,
 )
+from perflab.verify.protocol import VERIFY_THREADS
 from perflab.workload import TrainConfig
 
 LAB = "lab02_feed"
@@ -70,6 +71,20 @@ LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_fa
 # Throughputs within this fraction of the best count as "as fast" when choosing a worker count:
 # run-to-run noise of a loader sweep on a busy laptop is a few percent.
 DEFAULT_TOLERANCE = 0.05
+# Torch threads of the training process in this lab: the count perflab.verify re-measures with. A loader
+# worker decodes on a core the training threads leave free; measured on 2 cores (photo set, 32 px,
+# batch 16), 2 workers beside 1 training thread gain 1.5x, and beside 2 threads they lose (0.9x).
+TRAIN_THREADS = VERIFY_THREADS
+# What this lab can promise on each device kind (printed by common.hardware_statement).
+HARDWARE_NOTES = {
+    "cpu": f"the model trains on {TRAIN_THREADS} torch thread(s), the count the autograder re-measures with; "
+           "a loader worker decodes on a core the training threads leave free, so workers pay off up to the "
+           "free cores; pin_memory does nothing without a CUDA device.",
+    "mps": "the model runs on the GPU and the workers decode on the CPU cores; pin_memory does nothing on MPS "
+           "(host and GPU share memory).",
+    "cuda": "workers keep the GPU fed while it trains; pinned memory with non_blocking copies overlaps each "
+            "batch's copy with the previous step.",
+}
 # Largest worker count the lab sweeps: beyond the core count workers only queue for cores, and
 # each one holds a copy of the dataset object and prefetched batches in memory.
 MAX_SWEEP_WORKERS = 8
@@ -199,9 +214,10 @@ def sweep_counts(cpu_count: int) -> list[int]:
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:
-    """The loader the lab starts from: everything in the training process, no workers, nothing pinned."""
+    """The loader the lab starts from: everything in the training process, no workers, nothing pinned,
+    the model on TRAIN_THREADS torch threads."""
     s = sizes(mode)
-    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size)
+    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, threads=TRAIN_THREADS)
 
 
 def reference_best(mode: str | None = None) -> TrainConfig:

@@ -150,7 +150,13 @@ def _kept_entries(path: Path, hardware_class: str, mode: str) -> dict[str, Any]:
     except ValueError as exc:
         log.warning("%s; starting a new file", exc)
         return {}
+    from perflab.verify.protocol import VERIFY_THREADS
+
     if old.get("hardware_class") != hardware_class or old.get("mode") != mode:
+        return {}
+    if old.get("verify_threads") != VERIFY_THREADS:
+        log.warning("%s was timed with %s torch thread(s), the verifier now times with %d: starting a new file",
+                    path, old.get("verify_threads", "the default"), VERIFY_THREADS)
         return {}
     kept = {}
     for name, entry in old.get("optimisations", {}).items():
@@ -204,8 +210,11 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
 
 
 def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entries: dict[str, Any]) -> None:
+    from perflab.verify.protocol import VERIFY_THREADS
+
     doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION,
            "hardware_class": machine.hardware_class, "mode": mode, "repeats": repeats, "pairs": pairs,
+           "verify_threads": VERIFY_THREADS,
            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine.to_dict(),
            "optimisations": {k: v for k, v in entries.items() if "threshold" in v or v["kind"] == "unmeasured"}}

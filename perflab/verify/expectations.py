@@ -136,6 +136,16 @@ def _other_workload(entry: dict[str, Any], workload: Any) -> str | None:
     return f"calibrated at {_workload_text(measured)}, this run is {_workload_text(here)}"
 
 
+def _other_threads(doc: dict[str, Any]) -> str | None:
+    """Why a calibration timed at another thread count than the verifier's does not hold (None: it does)."""
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    threads = doc.get("verify_threads")
+    if threads is None or threads == VERIFY_THREADS:
+        return None
+    return f"calibrated with {threads} torch thread(s), the verifier times with {VERIFY_THREADS}; re-run perflab calibrate"
+
+
 def load_expectation(name: str, machine: Any = None, *, directory: Path | None = None,
                      workload: Any = None) -> Expectation:
     """The bar for optimisation `name` on `machine` (default: this one); conservative rules where uncalibrated.
@@ -150,8 +160,10 @@ def load_expectation(name: str, machine: Any = None, *, directory: Path | None =
     hw = machine if isinstance(machine, str) else machine.hardware_class
     path = expectations_path(hw, directory)
     if path.is_file():
-        entry = load_file(path).get("optimisations", {}).get(name)
+        doc = load_file(path)
+        entry = doc.get("optimisations", {}).get(name)
         other = _other_workload(entry, workload) if entry is not None else None
+        other = other or _other_threads(doc)
         if entry is not None and "threshold" in entry and other is None:
             return Expectation(name, float(entry["threshold"]), entry["kind"], hw, True,
                                f"calibrated on {hw}: reference {entry['reference']:.2f}x; {entry['rule']}")
