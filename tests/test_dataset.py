@@ -257,3 +257,44 @@ def test_classes_are_learnable(tiny_data: Path) -> None:
         torch.set_num_threads(threads)
     first, last = statistics.mean(losses[:5]), statistics.mean(losses[-8:])
     assert last < 0.7 * first, f"loss did not fall: first steps {first:.2f}, last steps {last:.2f} ({losses})"
+
+
+# --- the photo size: what a photograph costs to load -------------------------------------------
+
+
+def test_a_size_overrides_the_shared_jpeg_and_jitter_settings_only_for_itself(tmp_path: Path) -> None:
+    photo, small = dataset.recipe("photo"), dataset.recipe("small")
+    assert (photo.jpeg_quality, photo.noise_sigma) == (95, (8.0, 20.0))
+    assert (small.jpeg_quality, small.noise_sigma) == (90, (0.0, 10.0))  # the shared settings
+    assert (photo.center, photo.radius, photo.jpeg_subsampling) == (small.center, small.radius, small.jpeg_subsampling)
+    doc = json.loads(dataset.RECIPE_PATH.read_text())
+    doc["sizes"]["small"]["jpeg"] = {"quality": "high"}
+    bad = tmp_path / "recipe.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(dataset.DatasetError, match="malformed recipe for size 'small'"):
+        dataset.recipe("small", bad)
+
+
+def test_photo_jpegs_are_photograph_sized_and_cost_several_times_more_to_load() -> None:
+    """`photo` exists so that lab 2 has a real data bottleneck: its JPEGs are about a photograph's size
+    (ImageNet: about 400x350 px, 110 KB), and loading one costs several times a `small` one (a ratio
+    taken in one run, not a time)."""
+    import io
+    import time
+
+    from PIL import Image
+
+    transform = dataset.train_transform(IMAGE)
+    files, cost = {}, {}
+    for size in ("small", "photo"):
+        rec = dataset.recipe(size)
+        files[size] = [dataset.jpeg_bytes(dataset.draw(rec, 0, "train", cls, i), rec)
+                       for i, cls in enumerate(rec.classes)]
+    for size in ("small", "photo", "small", "photo"):  # interleaved; each keeps its faster pass
+        start = time.perf_counter()
+        for data in files[size]:
+            transform(Image.open(io.BytesIO(data)).convert("RGB"))
+        cost[size] = min(cost.get(size, float("inf")), time.perf_counter() - start)
+    kib = {size: statistics.mean(len(b) for b in found) / 1024 for size, found in files.items()}
+    assert dataset.recipe("photo").side == 384 and 60 < kib["photo"] < 130 and kib["small"] < 10, kib
+    assert cost["photo"] > 2 * cost["small"], cost
