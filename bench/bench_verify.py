@@ -10,6 +10,7 @@ gradient repeats per step against the reference's 10: 10 (1.0x), 8 (1.25x), 5 (2
 at a bar: 1.0x at 1.1 (must never pass), 1.25x at 1.1 and 2x at 1.5 (must pass; false fails <= 1%).
 The lab study holds a near-lazy choice and the reference's bf16 to the bar calibrated at lab 3's grade
 workload, where that bar asks for a gain: the first must never pass, the second fail in at most 1%.
+Every child runs the verifier's own torch thread count unless --threads says otherwise.
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ def grade_mode_times(runs: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=100, help="gradings of each honest candidate (default 100)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads in the child (default 1: the busy loop takes the other core)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads in the honest and adversarial children (default: the verifier's own, "
+                             "perflab.verify.protocol.VERIFY_THREADS)")
     parser.add_argument("--grade-runs", type=int, default=5, help="grade-mode TrainConfig verifications to time")
     parser.add_argument("--skip-honest", action="store_true")
     parser.add_argument("--lab-trials", type=int, default=20,
