@@ -425,3 +425,18 @@ def test_work_folders_left_by_a_killed_grader_are_removed_by_the_next_run(tmp_pa
         assert removed == [abandoned] and not abandoned.exists()
         assert (live / "job.json").exists()  # a running grade keeps its folder
     assert not live.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_grading_builds_the_data_sets_its_labs_train_on_before_any_notebook_runs(tmp_path, monkeypatch) -> None:
+    """A sandboxed notebook may read the data sets but must not spend its cells drawing one: the grader
+    builds each missing set the graded labs need (at the mode they are graded in) once, up front."""
+    from perflab import dataset, env
+
+    if env.pick_device().type == "cpu":
+        assert pipeline.data_sizes(["lab02_feed", "lab03_amp"], pipeline.Settings()) == ["photo", "small", "tiny"]
+    monkeypatch.setenv(dataset.DATA_DIR_ENV, str(tmp_path))
+    tiny = pipeline.Settings(env={"PERFLAB_MODE": "tiny"})
+    assert pipeline.data_sizes(["lab02_feed"], tiny) == ["tiny"]
+    pipeline.build_data(["lab02_feed"], tiny)
+    assert dataset.is_built("tiny") and (tmp_path / "tiny" / dataset.MANIFEST).is_file()
+    assert not (tmp_path / "photo").exists()

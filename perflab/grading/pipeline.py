@@ -861,6 +861,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         templates = {lab: template(course, lab) for lab in infos}
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
+        build_data(infos, settings)
         graded, failed = [], []
 
         def on_result(job: Job, result: SubmissionResult) -> None:
@@ -894,6 +895,25 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         else:
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed))
+
+
+def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
+    """The synthetic data sets the graded notebooks of `labs` train on, at the mode they are graded in."""
+    from perflab import env as _env
+
+    mode = judging.grading_mode(settings.env)
+    return sorted({_env.mode_sizes(mode).data, *(_env.mode_sizes(mode, lab=lab).data for lab in labs)})
+
+
+def build_data(labs: Iterable[str], settings: Settings) -> None:
+    """Build, here and once, each data set the graded notebooks need and that is not built yet: a
+    sandboxed notebook can read the data sets, and must not spend its cell time drawing one."""
+    from perflab import dataset
+
+    for size in data_sizes(labs, settings):
+        if not dataset.is_built(size):
+            log.warning("building the %s data set the graded labs train on (once)", size)
+            dataset.build(size, progress=False)
 
 
 def with_instructor_policy(settings: Settings) -> Settings:

@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from perflab import env, phases, timing, workload
+from perflab import dataset, env, phases, timing, workload
 from perflab.labs import common, lab02
 from perflab.labs.lab02 import DataWait
 
@@ -62,6 +62,9 @@ warnings.filterwarnings("ignore", message=".*DataLoader will create")
 
 S = lab02.sizes()
 BASELINE = lab02.baseline_config()
+if not dataset.is_built(S.data):
+    print(f"building the {S.data} data set (once)...")
+    dataset.build(S.data)
 INFO = env.machine_info()
 DEVICE = env.pick_device()
 CORES = INFO.cpu_count

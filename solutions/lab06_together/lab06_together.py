@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Image, display
 
-from perflab import env, phases, report, workload
+from perflab import dataset, env, phases, report, workload
 from perflab.labs import common, lab06, lab06_measure, lab06_report
 from perflab.report import figures
 from perflab.report.model import waterfall_steps
@@ -60,6 +60,9 @@ from perflab.report.model import waterfall_steps
 common.setup_notebook()
 S = lab06.sizes()
 BASELINE = lab06.baseline_config()
+if not dataset.is_built(S.data):
+    print(f"building the {S.data} data set (once)...")
+    dataset.build(S.data)
 INFO = env.machine_info()
 DEVICE = env.pick_device()
 print(common.hardware_statement(lab06.LAB, INFO))
