@@ -4,7 +4,8 @@
 
 1. Each bug of the catalogue alone against the clean pipeline, at the mystery's graded sizes, in one
    process: interleaved rounds of a few steps each, the ratio of the fastest rounds (noise only adds
-   time). A bug that costs time must cost clearly more than the fix bar; a memory bug may cost none.
+   time), on the verifier's torch thread count. A bug that costs time must cost clearly more than the
+   fix bar; a memory bug may cost none.
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
    `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
 """
@@ -20,9 +21,13 @@ from pathlib import Path
 
 
 def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
+    import torch
+
     from perflab import mystery
     from perflab.mystery.catalogue import CATALOGUE
+    from perflab.verify.protocol import VERIFY_THREADS
 
+    torch.set_num_threads(VERIFY_THREADS)  # what the grader's re-measurement runs the pipelines on
     keys: list[str | None] = [None, *(b.key for b in CATALOGUE)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

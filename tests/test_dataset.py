@@ -297,4 +297,4 @@ def test_photo_jpegs_are_photograph_sized_and_cost_several_times_more_to_load() 
         cost[size] = min(cost.get(size, float("inf")), time.perf_counter() - start)
     kib = {size: statistics.mean(len(b) for b in found) / 1024 for size, found in files.items()}
     assert dataset.recipe("photo").side == 384 and 60 < kib["photo"] < 130 and kib["small"] < 10, kib
-    assert cost["photo"] > 2 * cost["small"], cost
+    assert cost["photo"] > 1.5 * cost["small"], cost  # 2.6x measured on a 2-core CPU

@@ -71,7 +71,10 @@ def test_grade_sizes_are_each_labs_own_workload_on_this_device_kind() -> None:
     assert (amp.data, amp.image_size, amp.batch_size) == env.GRADE_WORKLOADS["lab03_amp"]["cpu"]
     assert amp.image_size * amp.batch_size > base.image_size * base.batch_size  # bigger: where AMP shows
     assert env.mode_sizes("grade", lab="lab01_measure", device="cpu") == base  # not listed: the base sizes
-    assert env.mode_sizes("laptop", lab="lab03_amp", device="cpu") == env.mode_sizes("laptop")  # grade only
+    assert env.mode_sizes("laptop", lab="lab03_amp", device="cpu") == env.mode_sizes("laptop")  # not listed for laptop
+    feed = env.mode_sizes("laptop", lab="lab02_feed", device="cpu")  # lab 2 loads photo-sized JPEGs in laptop mode too
+    assert (feed.data, feed.image_size, feed.batch_size) == env.LAPTOP_WORKLOADS["lab02_feed"]["cpu"] == ("photo", 32, 16)
+    assert env.mode_sizes("grade", lab="lab02_feed", device="cpu").data == "photo"
     from perflab.labs import lab03, lab06
 
     assert lab03.baseline_config("grade").image_size == env.mode_sizes("grade", lab=lab03.LAB).image_size

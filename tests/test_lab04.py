@@ -488,3 +488,29 @@ def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() ->
     assert lab04.observe_checkpoint is lab04_checks.observe_checkpoint
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         lab04.not_a_name  # noqa: B018
+
+
+def test_the_saving_line_adds_the_cuda_allocator_peak_where_one_was_measured() -> None:
+    """On a CUDA device the verification also measures the allocator's peak over a training step (above
+    what the step began with), and the cost cell's line shows it beside the saved activations."""
+    from types import SimpleNamespace
+
+    saved = {"activation_bytes": {"baseline": 4 * 2**20, "candidate": 2 * 2**20}}
+    on_cpu = lab04.saving_line(SimpleNamespace(details=saved))
+    assert on_cpu.startswith("activation memory of one training step, re-measured: 4 MiB plain") and "CUDA" not in on_cpu
+    on_cuda = lab04.saving_line(SimpleNamespace(details={**saved, "cuda_peak_bytes": {"baseline": 100 * 2**20,
+                                                                                      "candidate": 60 * 2**20}}))
+    assert on_cuda.startswith(on_cpu) and on_cuda.endswith("CUDA allocator peak of the step: 100 MiB plain, "
+                                                           "60 MiB checkpointed (-40.0%)"), on_cuda
+    assert lab04.device_peak(SimpleNamespace(details={"cuda_peak_bytes": {"baseline": "a lot"}})) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the allocator's peak is CUDA's)")
+def test_on_cuda_the_verification_measures_the_allocator_peak_checkpointing_lowers(tiny_data) -> None:
+    from perflab.verify import guard, verify
+
+    base = lab04.baseline_config("tiny").replace(device="cuda", batch_size=32, image_size=64)
+    v = verify(base, base.replace(checkpoint_segments=len(lab04.GRADED_STAGES)), expectation=0.5,
+               measure_activations=True, hashes=guard.file_hashes())
+    peak = lab04.device_peak(v)
+    assert peak is not None and peak[1] < peak[0], (v.describe(), v.details.get("cuda_peak_bytes"))

@@ -95,3 +95,24 @@ def test_each_optimisation_is_calibrated_at_the_sizes_of_the_lab_that_grades_it(
     kept = expectations.load_file(path)["optimisations"]
     assert sorted(kept) == ["amp_bf16", "num_workers"]
     assert kept["num_workers"]["threshold"] == expectations.threshold_rule(1.3, 1.5)[1] > 1.0
+
+
+def test_calibrating_some_optimisations_drops_bars_timed_at_another_thread_count(tmp_path, monkeypatch):
+    """A file timed with another verifier thread count holds no bar here: calibrating one optimisation
+    starts a new file rather than keep the others' stale entries beside it."""
+    from perflab.verify import expectations
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    def fake_measure(name, base, cand, repeats, budget, on_run):
+        runs = [{"speedup": 1.4, "ci": [1.3, 1.5]}]
+        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs, **expectations.summarise(runs)}
+
+    monkeypatch.setattr(calibrate, "_measure", fake_measure)
+    path = calibrate.calibrate(["num_workers"], repeats=1, out_dir=tmp_path, device="cpu")
+    doc = expectations.load_file(path)
+    assert doc["verify_threads"] == VERIFY_THREADS
+    doc["verify_threads"] = VERIFY_THREADS + 1
+    path.write_text(__import__("json").dumps(doc))
+    calibrate.calibrate(["amp_bf16"], repeats=1, out_dir=tmp_path, device="cpu")
+    doc = expectations.load_file(path)
+    assert sorted(doc["optimisations"]) == ["amp_bf16"] and doc["verify_threads"] == VERIFY_THREADS

@@ -139,6 +139,9 @@ def test_the_child_times_with_the_verifiers_thread_count_unless_told_otherwise()
     verify(base, base.replace(channels_last=True), expectation=1.1, runner=runner)
     verify(base, base.replace(channels_last=True), expectation=1.1, threads=3, runner=runner)
     assert VERIFY_THREADS == 1 and [job["threads"] for job in jobs] == [1, 3]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="threads: must be a whole number"):
+            verify(base, base.replace(channels_last=True), expectation=1.1, threads=bad, runner=runner)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -588,7 +588,7 @@ assert lab02.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # (on CUDA, pinned + non_blocking copies let the copy overlap the previous step's kernels and
 # remove the h2d phase from the critical path). `persistent_workers` removes the per-epoch
 # start-up (tens to hundreds of ms here: the fork and the first batches), which matters when epochs
-# are short, as with the tiny and small data sets, and little over a long epoch. `prefetch_factor`
+# are short, as with the tiny and photo data sets, and little over a long epoch. `prefetch_factor`
 # changed throughput by no more than the noise: it adds slack for uneven batches but cannot make
 # workers decode faster than the cores allow.
 
