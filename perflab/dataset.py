@@ -595,7 +595,7 @@ def load(source: str | os.PathLike[str], image_size: int, train: bool = True,
          device_augment: bool = False) -> torch.utils.data.Dataset:
     """A dataset of `(image, label)` with `.classes`, over the train or evaluation split of `source`.
 
-    `source`: a built synthetic size (tiny, small, full), `cifar10:PATH` (torchvision's CIFAR-10
+    `source`: a built synthetic size (tiny, small, photo, full), `cifar10:PATH` (torchvision's CIFAR-10
     files under PATH), or the path of an ImageFolder (its `train/` and `val/` subfolders when it has
     them, else the folder itself). Images come back as normalised float CHW tensors, or as uint8
     CHW tensors with `device_augment` (flip, jitter and normalisation then happen on the device).

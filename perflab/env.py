@@ -156,7 +156,7 @@ def machine_info(device: torch.device | str | None = None) -> MachineInfo:
         device_name=name,
         hardware_class=hardware_class(dev, name, bf16),
         cpu_model=cpu_name,
-        cpu_count=os.cpu_count() or 1,
+        cpu_count=usable_cores(),
         cpu_bf16=bf16,
         threads=torch.get_num_threads(),
         gpu_memory_bytes=gpu_mem,
@@ -170,6 +170,14 @@ def machine_info(device: torch.device | str | None = None) -> MachineInfo:
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         platform=platform.platform(),
     )
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity where the OS keeps one (a grading job pinned to 2
+    cores of a large host has 2), else every core; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def set_threads(n: int | None) -> int:
@@ -241,11 +249,11 @@ def run_mode() -> str:
 # shows on that device (docs/DESIGN.md, "Workloads where the lesson is true"); a lab or device not
 # listed grades at the base grade sizes above. Measured on a 2-core AVX-512-BF16 CPU, ResNet-18
 # training steps: at 32 px, batch 8, framework overhead hides everything (bf16 0.99x, channels_last
-# 0.82x); at 64 px, batch 32, bf16 autocast gains 1.4x and bf16 + channels_last 1.5x, in about
-# 0.1 s a step, so a verification stays well under a minute. Lab 2 trains on the photo set, whose
+# 0.82x); at 64 px, batch 32, bf16 autocast gains 1.6x on the verifier's one thread (1.4x on two),
+# about 0.2 s a step, so a verification stays well under a minute. Lab 2 trains on the photo set, whose
 # photograph-sized JPEGs cost 1.8 ms each to decode and crop: at 32 px, batch 16, half the step is
 # loading, and 2 loader workers beside the verifier's one training thread gain 1.43x (on the small
-# set's 80 px JPEGs, loading is a sixth of the step and workers only cost time). `perflab calibrate`
+# set's 80 px JPEGs, with two training threads, workers only cost time: 0.87-0.91x). `perflab calibrate`
 # measures each lab's pair at these same sizes.
 GRADE_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
     "lab02_feed": {"cpu": ("photo", 32, 16)},

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(b)
     b.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
     b.add_argument("--workers", type=int, default=None,
-                   help="build processes (default: 1 for tiny and small, up to 8 for full)")
+                   help="build processes (default: 1 for tiny, small and photo, up to 8 for full)")
     b.set_defaults(func=run_build)
 
     v = actions.add_parser("verify", help="check every file of a built set against its manifest")

@@ -70,9 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure throughput (with its CI), the per-step phases, parameters, FLOPs, the "
                     "memory budget, the top ops, roofline verdicts per layer, and diagnose the bottleneck.",
     )
-    p.add_argument("--size", default=None, metavar="tiny|small|full|PATH",
+    p.add_argument("--size", default=None, metavar="tiny|small|photo|full|PATH",
                    help="data set and sizes: tiny (tests), small (laptop: image and batch of the laptop "
-                        "mode), full (GPU), or a folder (an ImageFolder, with this machine's mode sizes); "
+                        "mode), photo (photograph-sized JPEGs, laptop sizes), full (GPU), or a folder (an ImageFolder, with this machine's mode sizes); "
                         "default: from the run mode")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps timed for throughput (phases get half, the trace a few)")

@@ -87,7 +87,7 @@ def hardware_statement(lab: str | None = None, info: env.MachineInfo | None = No
     """A few lines saying what this machine is and what it can give a lab, for the top of a notebook."""
     info = info or env.machine_info()
     mode = env.run_mode()
-    lines = [info.describe(), f"mode          {mode} ({_describe_sizes(sizes(mode))})"]
+    lines = [info.describe(), f"mode          {mode} ({_describe_sizes(env.mode_sizes(mode, lab=lab))})"]
     if info.device == "cuda":
         lines.append("can give     CUDA events for timing, NVML utilisation, pinned-memory copies, "
                      "GPU augmentation; tensor cores for fp16/bf16 where the GPU has them")

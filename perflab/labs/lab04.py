@@ -319,14 +319,29 @@ def activation_saving(verdict: Any) -> tuple[int, int] | None:
     return seen["baseline"], seen["candidate"]
 
 
+def device_peak(verdict: Any) -> tuple[int, int] | None:
+    """(plain, candidate) CUDA allocator peak of one training step above what it began with, re-measured
+    by the verification on a CUDA device, or None (no CUDA device, or no memory measured)."""
+    seen = (getattr(verdict, "details", None) or {}).get("cuda_peak_bytes")
+    if not isinstance(seen, dict) or not all(isinstance(seen.get(k), int) for k in ("baseline", "candidate")):
+        return None
+    return seen["baseline"], seen["candidate"]
+
+
 def saving_line(verdict: Any) -> str | None:
-    """One line on the re-measured activation memory, or None when the verification measured none."""
+    """What the verification re-measured of the memory one training step needs (activations saved for
+    backward; on CUDA also the allocator's peak), or None when it measured none."""
     seen = activation_saving(verdict)
     if seen is None:
         return None
     plain, got = seen
-    return (f"activation memory of one training step, re-measured: {memory.format_bytes(plain)} plain, "
+    line = (f"activation memory of one training step, re-measured: {memory.format_bytes(plain)} plain, "
             f"{memory.format_bytes(got)} checkpointed ({(got - plain) / max(plain, 1):+.1%})")
+    peak = device_peak(verdict)
+    if peak is not None:
+        line += (f"; CUDA allocator peak of the step: {memory.format_bytes(peak[0])} plain, "
+                 f"{memory.format_bytes(peak[1])} checkpointed ({(peak[1] - peak[0]) / max(peak[0], 1):+.1%})")
+    return line
 
 
 def with_saving_checked(verdict: Any, config: TrainConfig) -> Any:

@@ -77,7 +77,8 @@ def lab_pairs(mode: str = "grade") -> dict[str, tuple[Any, Any]]:
 
 
 def baseline_config(mode: str = "grade", device: str | None = None, lab: str | None = None) -> Any:
-    """The lab baseline at `mode`'s sizes (`lab`'s own in grade mode): the plain fp32 loop, no loader workers."""
+    """The lab baseline at `mode`'s sizes (`lab`'s own in grade and laptop mode): the plain fp32 loop, no
+    loader workers."""
     from perflab import env
     from perflab.workload import TrainConfig
 

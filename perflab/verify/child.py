@@ -231,20 +231,44 @@ def _apply_compile_patches() -> None:
     mutation_guard.install_generation_tagging_init()
 
 
-def _gate(side: Side, saved_hooks: Any) -> int | None:
+def _gate(side: Side, saved_hooks: Any) -> tuple[int | None, int | None]:
     """The side's GATE_STEPS warm-up and gate steps; with `saved_hooks`, the second step also measures
     the activation bytes it saves for backward (`perflab.verify.saved`; the first builds what is built
-    lazily, such as optimizer state): returned, else None."""
+    lazily, such as optimizer state) and, on a CUDA device, the caching allocator's peak over that step
+    above what was allocated when it began: (saved bytes, peak bytes or None), else (None, None)."""
     if saved_hooks is None:
         side.run(GATE_STEPS, per_step=True)
-        return None
+        return None, None
     from perflab.verify.saved import SavedBytes
 
     side.run(1, per_step=True)
+    start = _cuda_peak_start()
     with SavedBytes(saved_hooks) as seen:
         side.run(1, per_step=True)
+    peak = _cuda_peak_since(start)
     side.run(GATE_STEPS - 2, per_step=True)
-    return seen.bytes
+    return seen.bytes, peak
+
+
+def _cuda_peak_start() -> int | None:
+    """Bytes the CUDA allocator holds now, with its peak counter reset; None without CUDA in use."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _cuda_peak_since(start: int | None) -> int | None:
+    """The allocator's peak since `_cuda_peak_start` above what it held then: what one step needed."""
+    import torch
+
+    if start is None:
+        return None
+    torch.cuda.synchronize()
+    return max(0, int(torch.cuda.max_memory_allocated()) - start)
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +304,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     a = Side("baseline", base_factory(seed, **base_side.kwargs))
     setup_a = (clock() - t0) / 1e9
     # Its warm-up and gate steps too: every thread it needs exists afterwards.
-    saved_a = _gate(a, saved_hooks if job.get("activation_bytes") else None)
+    saved_a, peak_a = _gate(a, saved_hooks if job.get("activation_bytes") else None)
     global _REST_THREADS
     _REST_THREADS = _thread_ids()
     if not all(math.isfinite(x) for x in a.losses):
@@ -317,9 +341,11 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         return out
 
     # Warm-up and correctness gate, before any timing.
-    saved_b = _gate(b, saved_hooks if job.get("activation_bytes") else None)
+    saved_b, peak_b = _gate(b, saved_hooks if job.get("activation_bytes") else None)
     if saved_a is not None and saved_b is not None:
         out["activation_bytes"] = {"baseline": saved_a, "candidate": saved_b}
+    if peak_a is not None and peak_b is not None:
+        out["cuda_peak_bytes"] = {"baseline": peak_a, "candidate": peak_b}
     dtype, rtol, atol = _tolerance(base_side.dtype, cand_dtype)
     out["warmup_seconds"] = {  # first-step cost beyond a warm step: compilation, autotuning, caches
         side.name: side.step_seconds[0] - min(side.step_seconds[1:]) for side in (a, b)}

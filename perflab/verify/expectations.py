@@ -3,6 +3,7 @@
 `autograder/expectations/<hardware_class>.json` is written by `perflab calibrate` (never by hand):
 
     {"schema": "perflab.expectations", "version": 1, "hardware_class": "cpu", "mode": "grade",
+     "verify_threads": 1,  # the child's torch threads it was timed with (protocol.VERIFY_THREADS)
      "machine": {...MachineInfo...}, "created": "...",
      "optimisations": {NAME: {"baseline": {...TrainConfig...}, "candidate": {...}, "runs": [
          {"speedup": float, "ci": [lo, hi], "outcome": str, "pairs": int, "seconds": float}, ...],
@@ -141,9 +142,10 @@ def _other_threads(doc: dict[str, Any]) -> str | None:
     from perflab.verify.protocol import VERIFY_THREADS
 
     threads = doc.get("verify_threads")
-    if threads is None or threads == VERIFY_THREADS:
+    if threads == VERIFY_THREADS:
         return None
-    return f"calibrated with {threads} torch thread(s), the verifier times with {VERIFY_THREADS}; re-run perflab calibrate"
+    counted = "torch's default thread count (the file predates verify_threads)" if threads is None else f"{threads} torch thread(s)"
+    return f"calibrated with {counted}, the verifier times with {VERIFY_THREADS}; re-run perflab calibrate"
 
 
 def load_expectation(name: str, machine: Any = None, *, directory: Path | None = None,
@@ -151,7 +153,8 @@ def load_expectation(name: str, machine: Any = None, *, directory: Path | None =
     """The bar for optimisation `name` on `machine` (default: this one); conservative rules where uncalibrated.
 
     `workload` (the baseline `TrainConfig` the candidate is held against) must match the sizes the
-    calibration measured: a gain found at one image size and batch says nothing about another.
+    calibration measured: a gain found at one image size and batch says nothing about another. The
+    file must have been timed at the verifier's thread count (`verify_threads`), too.
     """
     if machine is None:
         from perflab import env

@@ -257,7 +257,9 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     hashes       perflab's file hashes the child must find (default: `guard.expected_hashes()`)
     runner       runs the child job like `run_child` (the grader passes its sandbox; default: a local process)
     measure_activations  also measure the activation bytes one training step of each side saves for
-                 backward (`perflab.verify.saved`, in the child's first gate step): `details["activation_bytes"]`
+                 backward (`perflab.verify.saved`, in the child's first gate step): `details["activation_bytes"]`;
+                 on a CUDA device also the allocator's peak over that step above what it began with:
+                 `details["cuda_peak_bytes"]`
     """
     base_side = _as_side(baseline, "baseline")
     cand_side = _as_side(candidate, "candidate")
@@ -269,11 +271,14 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
     if claim is not None and not (isinstance(claim, (int, float)) and claim > 0 and math.isfinite(claim)):
         raise ValueError(f"claim: must be a positive number (the speedup you measured), got {claim!r}")
     budget = budget or decide.Budget()
+    threads = VERIFY_THREADS if threads is None else threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads: must be a whole number of torch threads >= 1, got {threads!r}")
     if _same_work(base_side, cand_side):
         return no_change(expectation, claim=claim, seed=seed, baseline=base_side.label, candidate=cand_side.label)
     if memory_limit == "auto":
         memory_limit = _default_memory_limit(base_side, cand_side)
-    job = {"nonce": secrets.token_hex(16), "seed": seed, "threads": threads or VERIFY_THREADS, "expectation": expectation,
+    job = {"nonce": secrets.token_hex(16), "seed": seed, "threads": threads, "expectation": expectation,
            "budget": budget.to_dict(), "baseline": base_side.to_dict(), "candidate": cand_side.to_dict(),
            "hashes": hashes if hashes is not None else guard.expected_hashes(),
            "activation_bytes": bool(measure_activations)}
@@ -359,9 +364,10 @@ def judge(result: dict[str, Any], *, budget: decide.Budget, expectation: float, 
     timed = float(result.get("timed_seconds", 0.0))
     details = {k: result[k] for k in ("gate", "setup_seconds", "warmup_seconds", "import_seconds", "idle_cpu", "timing_wall_seconds",
                                       "child_wall_seconds", "decision") if k in result}
-    saved = result.get("activation_bytes")
-    if isinstance(saved, dict) and all(type(saved.get(k)) is int and saved[k] >= 0 for k in ("baseline", "candidate")):
-        details["activation_bytes"] = {"baseline": saved["baseline"], "candidate": saved["candidate"]}
+    for key in ("activation_bytes", "cuda_peak_bytes"):
+        seen = result.get(key)
+        if isinstance(seen, dict) and all(type(seen.get(k)) is int and seen[k] >= 0 for k in ("baseline", "candidate")):
+            details[key] = {"baseline": seen["baseline"], "candidate": seen["candidate"]}
     common.update(baseline_times=a, candidate_times=b, block_steps=int(result.get("block_steps", 0)),
                   timed_seconds=timed, details=details)
     problems = list(result.get("problems", []))
