@@ -251,8 +251,8 @@ def run_mode() -> str:
 # training steps: at 32 px, batch 8, framework overhead hides everything (bf16 0.99x, channels_last
 # 0.82x); at 64 px, batch 32, bf16 autocast gains 1.6x on the verifier's one thread (1.4x on two),
 # about 0.2 s a step, so a verification stays well under a minute. Lab 2 trains on the photo set, whose
-# photograph-sized JPEGs cost 1.8 ms each to decode and crop: at 32 px, batch 16, half the step is
-# loading, and 2 loader workers beside the verifier's one training thread gain 1.43x (on the small
+# photograph-sized JPEGs cost 1.8 ms each to decode and crop: at 32 px, batch 16, a third of the step
+# is loading, and 2 loader workers beside the verifier's one training thread gain 1.43x (on the small
 # set's 80 px JPEGs, with two training threads, workers only cost time: 0.87-0.91x). `perflab calibrate`
 # measures each lab's pair at these same sizes.
 GRADE_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {

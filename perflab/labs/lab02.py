@@ -73,7 +73,7 @@ LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_fa
 DEFAULT_TOLERANCE = 0.05
 # Torch threads of the training process in this lab: the count perflab.verify re-measures with. A loader
 # worker decodes on a core the training threads leave free; measured on 2 cores (photo set, 32 px,
-# batch 16), 2 workers beside 1 training thread gain 1.5x, and beside 2 threads they lose (0.9x).
+# batch 16), 1 or 2 workers beside 1 training thread gain 1.4-1.5x, beside 2 threads 0.9-1.06x.
 TRAIN_THREADS = VERIFY_THREADS
 # What this lab can promise on each device kind (printed by common.hardware_statement).
 HARDWARE_NOTES = {
