@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from perflab import env, mystery
     from perflab.labs.hidden.mystery import FIX_BAR
+    from perflab.verify.protocol import VERIFY_THREADS
 
     data, image_size, batch = mystery.sizes_for()
-    print(f"{env.machine_info().hardware_class}, torch threads {env.machine_info().threads}; "
+    print(f"{env.machine_info().hardware_class}, torch threads {VERIFY_THREADS} (the verifier's); "
           f"mystery pipeline: {data} set, {image_size} px, batch {batch}")
     costs = bug_costs(args.rounds, args.steps)
     clean = costs.pop(None)
