@@ -1,16 +1,17 @@
 """How accurate is perflab.verify? Grade candidates whose true speedup is known, many times, half of
 them with another process keeping one core busy; then cheats and crashes, each of which must be caught.
 
-    python bench/bench_verify.py                 # the full study (~20 minutes on an idle 2-core machine)
-    python bench/bench_verify.py --trials 10     # a quick look
-    python bench/bench_verify.py --only-lab --lab-trials 100   # the graded-workload study alone
+    python bench/bench_verify.py                 # the full study (about an hour on an idle 2-core machine)
+    python bench/bench_verify.py --trials 10 --lab-trials 10   # a quick look
+    python bench/bench_verify.py --only-lab      # the graded-workload study alone (100 trials: 43 min)
 
 Honest candidates (bench/candidates/honest.py) run perflab's toy reference with a known number of
 gradient repeats per step against the reference's 10: 10 (1.0x), 8 (1.25x), 5 (2x). Each is graded
 at a bar: 1.0x at 1.1 (must never pass), 1.25x at 1.1 and 2x at 1.5 (must pass; false fails <= 1%).
 The lab study holds a near-lazy choice and the reference's bf16 to the bar calibrated at lab 3's grade
 workload, where that bar asks for a gain: the first must never pass, the second fail in at most 1%.
-Every child runs the verifier's own torch thread count unless --threads says otherwise.
+Every child runs the verifier's own torch thread count; --threads changes it for the honest and
+adversarial candidates only.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ def main() -> int:
                              "perflab.verify.protocol.VERIFY_THREADS)")
     parser.add_argument("--grade-runs", type=int, default=5, help="grade-mode TrainConfig verifications to time")
     parser.add_argument("--skip-honest", action="store_true")
-    parser.add_argument("--lab-trials", type=int, default=20,
-                        help="trials of the near-lazy / reference study at lab 3's grade workload (default 20)")
+    parser.add_argument("--lab-trials", type=int, default=100,
+                        help="trials of the near-lazy / reference study at lab 3's grade workload (default 100)")
     parser.add_argument("--only-lab", action="store_true", help="run only the lab-workload study")
     parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args()

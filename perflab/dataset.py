@@ -484,8 +484,9 @@ def _worker_count(workers: int | None, jobs: int) -> int:
         return workers
     if jobs < PARALLEL_MIN_IMAGES:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, MAX_BUILD_WORKERS))
+    from perflab import env
+
+    return max(1, min(env.usable_cores(), MAX_BUILD_WORKERS))
 
 
 def _show_progress(progress: bool | None) -> bool:

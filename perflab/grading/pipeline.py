@@ -127,7 +127,9 @@ def default_jobs(cores: int | None = None, gpus: int = 0) -> int:
     if gpus > 0:
         return gpus
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from perflab import env
+
+        cores = env.usable_cores()
     return 1 if cores < MIN_CORES_FOR_POOL else cores // CORES_PER_JOB
 
 

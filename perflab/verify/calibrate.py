@@ -151,13 +151,11 @@ def _kept_entries(path: Path, hardware_class: str, mode: str) -> dict[str, Any]:
     except ValueError as exc:
         log.warning("%s; starting a new file", exc)
         return {}
-    from perflab.verify.protocol import VERIFY_THREADS
-
     if old.get("hardware_class") != hardware_class or old.get("mode") != mode:
         return {}
-    if old.get("verify_threads") != VERIFY_THREADS:
-        log.warning("%s was timed with %s torch thread(s), the verifier now times with %d: starting a new file",
-                    path, old.get("verify_threads", "the default"), VERIFY_THREADS)
+    other = expectations.other_threads(old)
+    if other is not None:
+        log.warning("%s: %s; starting a new file", path, other)
         return {}
     kept = {}
     for name, entry in old.get("optimisations", {}).items():

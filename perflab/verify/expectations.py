@@ -137,7 +137,7 @@ def _other_workload(entry: dict[str, Any], workload: Any) -> str | None:
     return f"calibrated at {_workload_text(measured)}, this run is {_workload_text(here)}"
 
 
-def _other_threads(doc: dict[str, Any]) -> str | None:
+def other_threads(doc: dict[str, Any]) -> str | None:
     """Why a calibration timed at another thread count than the verifier's does not hold (None: it does)."""
     from perflab.verify.protocol import VERIFY_THREADS
 
@@ -166,7 +166,7 @@ def load_expectation(name: str, machine: Any = None, *, directory: Path | None =
         doc = load_file(path)
         entry = doc.get("optimisations", {}).get(name)
         other = _other_workload(entry, workload) if entry is not None else None
-        other = other or _other_threads(doc)
+        other = other or other_threads(doc)
         if entry is not None and "threshold" in entry and other is None:
             return Expectation(name, float(entry["threshold"]), entry["kind"], hw, True,
                                f"calibrated on {hw}: reference {entry['reference']:.2f}x; {entry['rule']}")
