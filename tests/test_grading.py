@@ -313,6 +313,64 @@ def test_nothing_written_in_a_world_writable_folder_outlives_the_sandbox(tmp_pat
     assert [n for n in names if os.path.exists(n)] == []
 
 
+def _probe_outside(tmp_path, course: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Run a submission that writes the grader's home, site-packages and checkout and reads the
+    course; returns (what it got per target, the targets)."""
+    import sysconfig
+
+    tag = f"perflab-probe-{os.getpid()}"
+    targets = {"home": str(Path.home() / f"{tag}.txt"),
+               "site-packages": str(Path(sysconfig.get_paths()["purelib"]) / f"{tag}.pth"),
+               "checkout": str(Path(pipeline.REPO) / "perflab" / f"{tag}.py"),
+               "work folder": str((tmp_path / "work" / f"{tag}.txt").resolve()), "tmp": f"/tmp/{tag}.txt"}
+    code = ("out = {}\n"
+            f"for name, path in {targets!r}.items():\n"
+            "    try:\n        open(path, 'w').write('import os')\n        out[name] = 'written'\n"
+            "    except OSError as exc:\n        out[name] = type(exc).__name__\n"
+            f"try:\n    out['course'] = open({str(course / 'gradebook.db')!r}).read()\n"
+            "except OSError as exc:\n    out['course'] = type(exc).__name__\n")
+    try:
+        run = _sandboxed(tmp_path, code, hide=[course])
+        return json.loads(run.result or b"{}") or {"failed": run.output_tail[-500:]}, targets
+    finally:
+        for name, path in targets.items():
+            if name not in ("work folder", "tmp") and os.path.exists(path):
+                os.remove(path)
+                targets[name] = f"LEFT ON THE HOST: {path}"
+
+
+@pytest.mark.skipif(sandbox._isolation("userns").kind != "userns", reason="no user namespaces here")
+def test_userns_sandbox_cannot_write_the_graders_files_nor_read_the_course(tmp_path, monkeypatch):
+    """With `userns` a submission keeps the grader's uid: only the read-only mounts stop it writing the
+    grader's home, a .pth in site-packages (run by every later Python of the grader) or the checkout.
+    As root (CI), $PERFLAB_SANDBOX_KIND=userns drives the same path with the same uid semantics."""
+    monkeypatch.setenv(sandbox.KIND_ENV, "userns")
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "gradebook.db").write_text("grades")
+    out, targets = _probe_outside(tmp_path, course)
+    assert out == {"home": "OSError", "site-packages": "OSError", "checkout": "OSError",
+                   "work folder": "written", "tmp": "written", "course": "FileNotFoundError"}, out
+    assert not any(t.startswith("LEFT ON THE HOST") for t in targets.values()), targets
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox.isolation().kind != "root", reason="needs root namespaces")
+def test_root_sandbox_is_read_only_too(tmp_path):
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "gradebook.db").write_text("grades")
+    out, targets = _probe_outside(tmp_path, course)
+    assert {k: v for k, v in out.items() if k not in ("work folder", "tmp")} == {
+        "home": "OSError", "site-packages": "OSError", "checkout": "OSError", "course": "FileNotFoundError"}, out
+    assert out["work folder"] == "written" and out["tmp"] == "written"
+
+
+def test_a_kind_nobody_can_ask_for_is_one_line(monkeypatch):
+    monkeypatch.setenv(sandbox.KIND_ENV, "chroot")
+    with pytest.raises(ValueError, match="PERFLAB_SANDBOX_KIND: 'chroot' is not a kind one can ask for"):
+        sandbox.isolation()
+
+
 @pytest.mark.skipif(not sandbox.isolation().network_isolated, reason="this OS allows no mount namespace")
 def test_the_work_folder_and_tmp_are_sized(tmp_path):
     code = ("import errno, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nout = {}\n"

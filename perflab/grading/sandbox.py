@@ -11,7 +11,13 @@ How strong the sandbox is depends on what the OS allows, and `isolation()` says 
     userns   not root, but unprivileged user namespaces work: the same namespaces and mounts, the
              command keeps the caller's uid (so RLIMIT_NPROC counts the caller's processes).
     none     neither: limits and a process tree killed on timeout, but the network stays reachable
-             and nothing is hidden; said once in the log as a warning.
+             and nothing is hidden; `perflab grade grade` refuses it unless told `--unisolated`.
+
+In both namespace kinds every other mount is then made read-only inside the sandbox (the grader's
+home, the virtual environment, the checkout, /dev, /sys...): the work folder, the private temp
+folders and the shared timing lock are the only places a submission can write. With `userns` that
+is what stops the grader's own uid from writing the grader's files. $PERFLAB_SANDBOX_KIND=userns
+asks for `userns` where `root` is possible (how CI, running as root, tests the non-root path).
 
 Limits (setrlimit, inherited by every process the command starts): address space (RLIMIT_AS),
 process count (RLIMIT_NPROC), file size (RLIMIT_FSIZE), and a wall clock enforced from outside
@@ -252,13 +258,24 @@ def _join_cgroups(procs_files: Sequence[str]) -> Callable[[], None]:
     return join
 
 
-@functools.cache
+# Asks for a weaker namespace kind than this machine allows (only "userns", and only as root).
+KIND_ENV = "PERFLAB_SANDBOX_KIND"
+
+
 def isolation() -> Isolation:
-    """Probe once what this machine allows: root namespaces, user namespaces, or nothing."""
+    """What this machine allows (probed once): root namespaces, user namespaces, or nothing."""
+    requested = os.environ.get(KIND_ENV, "")
+    if requested not in ("", "userns"):
+        raise ValueError(f"{KIND_ENV}: {requested!r} is not a kind one can ask for (only userns)")
+    return _isolation(requested)
+
+
+@functools.cache
+def _isolation(requested: str) -> Isolation:
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return Isolation("none", ("no network isolation: this OS has no unshare(1); "
                                   "the sandbox only limits resources",))
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and requested != "userns":
         probe = ["unshare", "--net", "--mount", "--pid", "--fork", "true"]
         kind = "root"
     else:
@@ -277,8 +294,10 @@ def isolation() -> Isolation:
 def describe() -> list[str]:
     """What this machine's sandbox enforces, one line each (for `perflab grade status`)."""
     iso, cg = isolation(), cgroups()
-    kinds = {"root": "network, mount and PID namespaces; runs as an unprivileged user",
-             "userns": "network, mount and PID namespaces in a user namespace; runs as the grader's uid",
+    kinds = {"root": "network, mount and PID namespaces, read-only but for its own folders; runs as an "
+                     "unprivileged user",
+             "userns": "network, mount and PID namespaces in a user namespace, read-only but for its own "
+                       "folders; runs as the grader's uid",
              "none": "no namespaces: the network stays reachable and no folder is hidden"}
     lines = [f"sandbox      {iso.kind}: {kinds[iso.kind]}"]
     if cg.kind != "none":
@@ -542,6 +561,8 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
                    disk_bytes: int | None = None) -> None:
     size = f",size={disk_bytes}" if disk_bytes else ""
     _size_workdir(workdir, size)
+    if not size:
+        _mount("--bind", workdir, workdir)  # its own mount, so it stays writable when the rest is not
     groups: dict[str, list[str]] = {}
     for ancestor, path in expose:
         groups.setdefault(ancestor, []).append(path)
@@ -556,18 +577,22 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
         for stage, path in staged:
             os.makedirs(path, exist_ok=True)
             _mount("--move", stage, path)
+    targets = []
     for src, dst in binds.items():
         target = os.path.join(workdir, dst)
         Path(target).touch()
         _mount("--bind", src, target)
+        targets.append(target)
     for path in hide:
         _mount("-t", "tmpfs", "-o", "ro,size=64k,mode=0755", "perflab-hidden", path)
     # What must stay visible inside a private /tmp: the work folder, and the interpreter and the
     # kit themselves when they live there (a checkout cloned under /tmp, as CI does).
     keep = _outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2])])
+    fresh_tmps = []
     for n, tmp in enumerate(private):
         if not os.path.isdir(tmp):
             continue
+        fresh_tmps.append(tmp)
         inside = [p for p in keep if p == tmp or p.startswith(tmp.rstrip("/") + "/")]
         if inside:
             # Mount the fresh tmpfs beside the work folder, bind each kept folder into it at the
@@ -582,6 +607,52 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
             _mount("--move", fresh, tmp)
         else:
             _mount("-t", "tmpfs", "-o", f"mode=1777{size}", "perflab-tmp", tmp)
+    read_only_elsewhere([workdir, *fresh_tmps, *targets])
+
+
+# mount(2) flags (linux/mount.h): what a read-only remount sets, and the per-mount flags it must keep
+# (a user namespace may not clear nosuid, nodev, noexec or the atime flags of a mount it inherited).
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+KEPT_MOUNT_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+                    "relatime": 1 << 21, "strictatime": 1 << 24}
+# Mounts left as they are: the PID namespace's own /proc (mounted fresh; its files have their own checks).
+UNTOUCHED_MOUNTS = ("/proc",)
+
+
+def mounts() -> list[tuple[str, str]]:
+    """(mount point, per-mount options) of every mount this process sees, from /proc/self/mountinfo."""
+    import re
+
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        for line in handle:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            out.append((point, fields[5]))
+    return out
+
+
+def read_only_elsewhere(writable: Sequence[str]) -> None:
+    """Remount every mount but the `writable` ones (and /proc) read-only in this mount namespace:
+    the grader's home, its virtual environment, the checkout and every other host folder. Fails
+    (and so does the sandbox) when a mount it can reach cannot be made read-only."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    keep = {os.path.realpath(p) for p in writable}
+    for point, options in mounts():
+        opts = options.split(",")
+        if point in keep or "ro" in opts or any(point == u or point.startswith(u + "/") for u in UNTOUCHED_MOUNTS):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for opt in opts:
+            flags |= KEPT_MOUNT_FLAGS.get(opt, 0)
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.ENOENT, errno.EACCES):  # under a covered or closed folder: out of reach already
+                continue
+            raise OSError(err, f"could not make {point} read-only in the sandbox: {os.strerror(err)}")
 
 
 def _size_workdir(workdir: str, size: str) -> None:
