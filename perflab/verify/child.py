@@ -72,11 +72,14 @@ class Side:
         self.indices: list[list[int]] = []
         self.step_seconds: list[float] = []
         self.block_seconds: list[float] = []
-        self.event_ms: list[float] = []
+        # The CUDA-event time of each timed block, index for index with block_seconds (the gate's warm-up
+        # runs are not timed blocks and keep neither).
+        self.block_event_ms: list[float] = []
         self.idle_cpu: list[float] = []
 
-    def run(self, steps: int, *, per_step: bool = False) -> float:
-        """Run `steps` steps between two device syncs; the wall seconds (bound clock)."""
+    def run(self, steps: int, *, per_step: bool = False) -> tuple[float, float | None]:
+        """Run `steps` steps between two device syncs: (wall seconds on the bound clock, the CUDA-event
+        milliseconds of the same run where CUDA is in use, else None)."""
         import torch
 
         clock = CLOCKS.perf_counter_ns
@@ -104,8 +107,14 @@ class Side:
         _sync()
         seconds = (clock() - t0) / 1e9
         self.losses.extend(float(x) for x in pending)
-        if use_events:
-            self.event_ms.append(float(CLOCKS.elapsed_time(start_ev, end_ev)))
+        return seconds, (float(CLOCKS.elapsed_time(start_ev, end_ev)) if use_events else None)
+
+    def time_block(self, steps: int) -> float:
+        """One timed block of the protocol: its wall seconds and its event time kept side by side."""
+        seconds, event_ms = self.run(steps)
+        self.block_seconds.append(seconds)
+        if event_ms is not None:
+            self.block_event_ms.append(event_ms)
         return seconds
 
     def probe_idle(self) -> None:
@@ -214,6 +223,22 @@ def _deferred(a: Side, b: Side, excess_setup: float, m: int) -> list[dict[str, s
                                                f"setup, more than {SETUP_EXCESS_STEPS} of its own timed steps: "
                                                "work done before timing started"))
     return found
+
+
+def _events_exceeding_walls(*sides: Side) -> list[dict[str, str]]:
+    """A timed block whose CUDA-event time exceeds its own wall time (a doctored clock). Each block is
+    compared with itself only: the gate's warm-up runs (cuDNN autotuning, compilation) are no blocks."""
+    for side in sides:
+        if not side.block_event_ms:
+            continue
+        if len(side.block_event_ms) != len(side.block_seconds):
+            return [_problem("clock_tampered", f"the {side.name} has {len(side.block_event_ms)} CUDA-event times "
+                                               f"for {len(side.block_seconds)} timed blocks")]
+        for ms, wall in zip(side.block_event_ms, side.block_seconds, strict=True):
+            if ms / 1e3 > wall * EVENT_WALL_SLACK + 1e-3:
+                return [_problem("clock_tampered", f"a CUDA-event time ({ms:.1f} ms) exceeds the wall time "
+                                                   f"of its block ({wall * 1e3:.1f} ms)")]
+    return []
 
 
 def _compiles(side: Any) -> bool:
@@ -376,8 +401,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     while True:
         order = (a, b) if pairs % 2 == 0 else (b, a)
         for side in order:
-            seconds = side.run(m)
-            side.block_seconds.append(seconds)
+            seconds = side.time_block(m)
             side.probe_idle()
             timed += seconds
         pairs += 1
@@ -392,7 +416,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     out.update(baseline_times=a.block_seconds, candidate_times=b.block_seconds, timed_seconds=timed,
                timing_wall_seconds=timing_wall,
                idle_cpu={"baseline": a.idle_cpu, "candidate": b.idle_cpu},
-               event_ms={"baseline": a.event_ms, "candidate": b.event_ms})
+               event_ms={"baseline": a.block_event_ms, "candidate": b.block_event_ms})
     if decision is not None:
         out["decision"] = {"outcome": decision.outcome, "speedup": decision.speedup, "ci": list(decision.ci)}
 
@@ -405,11 +429,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     problems.extend(_cached(a, b, n))
     if cand_side.is_student_code:
         problems.extend(_deferred(a, b, setup_b - setup_a, m))
-    for (ms, wall) in zip(a.event_ms + b.event_ms, a.block_seconds + b.block_seconds, strict=False):
-        if ms / 1e3 > wall * EVENT_WALL_SLACK + 1e-3:
-            problems.append(_problem("clock_tampered", f"a CUDA-event time ({ms:.1f} ms) exceeds the wall time "
-                                                       f"of its block ({wall * 1e3:.1f} ms)"))
-            break
+    problems.extend(_events_exceeding_walls(a, b))
     # Again at the end, for the modules the run imported (a file changed after the first check).
     hash_problems = guard.check_hashes(job["hashes"], only=guard.imported_files())
     if hash_problems:
