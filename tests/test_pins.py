@@ -78,3 +78,69 @@ def test_installed_versions_match_pins() -> None:
         if installed.split("+")[0] != pinned:
             wrong[name] = installed
     assert not wrong, f"installed versions differ from the pins (run `make setup`): {wrong}"
+
+
+# A module that blocks every import outside the standard library, perflab and the distributions
+# `allowed` names (the core dependencies and what they require): an environment with only the core
+# dependencies installed, simulated inside this one.
+_ONLY_CORE = """
+import importlib.abc, importlib.metadata as md, json, sys
+allowed = set(json.loads(sys.argv[1]))
+provided = md.packages_distributions()
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top == "perflab" or top.startswith("_"):
+            return None
+        if not {d.lower().replace("_", "-") for d in provided.get(top, [])} & allowed:
+            raise ModuleNotFoundError(f"{name} is not installed with perflab's core dependencies", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+from perflab import results
+results.validate(results.load(sys.argv[2]))
+print("validated")
+"""
+
+
+def _with_requirements(names: set[str]) -> set[str]:
+    """`names` and every distribution they require (extras left out), as installed here."""
+    import importlib.metadata as md
+
+    seen: set[str] = set()
+    todo = [n.lower().replace("_", "-") for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            todo.append(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower().replace("_", "-"))
+    return seen
+
+
+def test_results_validate_with_only_the_core_dependencies() -> None:
+    """perflab.results validates every results file with jsonschema: it must be a core dependency
+    (pinned like the rest), not something that arrives only with the `labs` extra."""
+    import json
+    import subprocess
+    import sys
+
+    core = {line.split("==")[0].lower() for line in _requirements((ROOT / "pyproject.toml").read_text())[:_core_count()]}
+    assert "jsonschema" in core
+    run = subprocess.run([sys.executable, "-c", _ONLY_CORE, json.dumps(sorted(_with_requirements(core))),
+                          str(ROOT / "tests" / "fixtures" / "results" / "lab01_measure.json")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.strip() == "validated", run.stderr[-2000:]
+
+
+def _core_count() -> int:
+    """How many of `_requirements`'s strings are [project] dependencies (they come first)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    return len(re.findall(r'^\s*"[^"]+==[^"]+",?', block, flags=re.M))
