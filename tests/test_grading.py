@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -485,6 +486,46 @@ def test_work_folders_left_by_a_killed_grader_are_removed_by_the_next_run(tmp_pa
     assert not live.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_killed_grader_leaves_no_work_folder_even_when_a_child_keeps_its_lock(tmp_path, monkeypatch):
+    """kill -9 of a grader whose forked child (a data loader worker, say) lives on holding the work
+    folder's lock: the next run still sees the grader is gone and removes the folder."""
+    import signal
+    import subprocess
+    import time
+
+    program = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from perflab.grading import pipeline\n"
+        f"pipeline.sandbox_base = lambda: Path({str(tmp_path)!r})\n"
+        "with pipeline.work_folder('lab00_fixture-') as work:\n"
+        "    (work / 'submission.ipynb').write_text('{}')\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        time.sleep(120)\n"
+        "        os._exit(0)\n"
+        "    print(work, child, flush=True)\n"
+        "    time.sleep(120)\n")
+    monkeypatch.setattr(pipeline, "sandbox_base", lambda: tmp_path)
+    grader = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        folder, child_pid = grader.stdout.readline().split()
+        work, child = Path(folder), int(child_pid)
+        assert work.is_dir()
+        os.kill(grader.pid, signal.SIGKILL)
+        grader.wait(timeout=30)
+        time.sleep(0.2)
+        with pipeline.work_folder("lab00_fixture-") as live:  # a grade running now keeps its folder
+            assert pipeline.remove_abandoned(tmp_path) == [work]
+            assert not work.exists() and live.exists()
+    finally:
+        for pid in (grader.pid, child):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def test_grading_builds_the_data_sets_its_labs_train_on_before_any_notebook_runs(tmp_path, monkeypatch) -> None:
     """A sandboxed notebook may read the data sets but must not spend its cells drawing one: the grader
     builds each missing set the graded labs need (at the mode they are graded in) once, up front."""
@@ -498,3 +539,50 @@ def test_grading_builds_the_data_sets_its_labs_train_on_before_any_notebook_runs
     pipeline.build_data(["lab02_feed"], tiny)
     assert dataset.is_built("tiny") and (tmp_path / "tiny" / dataset.MANIFEST).is_file()
     assert not (tmp_path / "photo").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# safe by default: no namespaces, no grading unless the instructor says --unisolated
+
+NO_UNSHARE = sandbox.Isolation("none", ("no network isolation: this OS has no unshare(1); "
+                                        "the sandbox only limits resources",))
+
+
+def test_grading_without_namespaces_is_refused_in_one_line_unless_unisolated(tmp_path, monkeypatch, capsys):
+    from perflab.cli import main
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: NO_UNSHARE)
+    assert main(["grade", "grade", "--course", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert lines[0].startswith("perflab grade grade: refusing to run student code without Linux namespaces")
+    assert "--unisolated" in lines[0] and "container" in lines[0] and "no unshare(1)" in lines[0]
+    with pytest.raises(pipeline.Unisolated):
+        pipeline.grade(tmp_path, pipeline.Settings())  # the API is safe by default too
+    # With --unisolated the refusal is gone: what stops it now is that there is no course folder here.
+    assert main(["grade", "grade", "--course", str(tmp_path), "--unisolated"]) == 2
+    assert "no course folder here" in capsys.readouterr().err
+    assert pipeline.check_isolation(pipeline.Settings(unisolated=True)).kind == "none"
+
+
+def test_an_unisolated_grade_is_recorded_and_shown(tmp_path, monkeypatch):
+    from perflab.grading import export as export_mod
+    from perflab.report import classreport
+
+    summary = pipeline.Summary(graded=("lab00_fixture/a",), isolation="none")
+    assert "UNISOLATED" in summary.line()
+    assert "UNISOLATED" not in pipeline.Summary(graded=("lab00_fixture/a",), isolation="userns").line()
+    monkeypatch.setattr(pipeline, "submissions", lambda course, *a, **k: [])
+    st = state.State.load(tmp_path)
+    cell = state.CellResult("test_mean", 2.0, 2.0, hardware_class="cpu-test")
+    for student, kind in (("a", "none"), ("b", "root")):
+        st.put(state.Record(student, "lab00_fixture", "x", "graded", (cell,), isolation=kind))
+    assert export_mod.status(tmp_path)["unisolated"] == ["lab00_fixture/a"]
+    csv_path, json_path = export_mod.export(tmp_path, tmp_path / "export")
+    doc = json.loads(json_path.read_text())
+    assert {s["student"]: s["isolation"] for s in doc["submissions"]} == {"a": "none", "b": "root"}
+    assert [r["isolation"] for r in doc["rows"]] == ["none", "root"]
+    rendered = classreport.render_class(classreport.load_export(csv_path))
+    assert 'id="unisolated"' in rendered.html and "lab00_fixture/a" in rendered.html
+    assert any("--unisolated" in w for w in rendered.warnings)

@@ -3,7 +3,7 @@
     perflab grade setup                     course folder (autograder/course/) from solutions/
     perflab grade release                   student copies + a bundle zip without solutions
     perflab grade collect DOWNLOAD.zip      submissions from a folder or an LMS zip
-    perflab grade grade [--lab L] [--student S] [--backend local|ray] [--jobs N]
+    perflab grade grade [--lab L] [--student S] [--backend local|ray] [--jobs N] [--unisolated]
     perflab grade feedback                  HTML feedback (hidden tests never shown)
     perflab grade export                    grades.csv and grades.json
     perflab grade status                    graded, failed, inconclusive, flagged, pending
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 GiB = 1024**3
@@ -58,8 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "address space of each process (0: none)")
     v.add_argument("--disk-mb", type=float, default=2048.0,
                    help="what one submission may write: the size of its private work folder and /tmp (0: no limit)")
+    v.add_argument("--unisolated", action="store_true",
+                   help="grade even where the sandbox has no Linux namespaces (student code then runs as you, "
+                        "with the network); recorded in the grades. Without it such a machine refuses to grade")
     v.add_argument("--require-isolation", action="store_true",
-                   help="refuse to grade where namespaces or per-submission cgroups are not available")
+                   help="also refuse where per-submission cgroups are not available (namespaces are always "
+                        "required unless --unisolated)")
     v.add_argument("--processes", type=int, default=512, help="process and thread limit per submission")
     v.add_argument("--file-mb", type=float, default=256.0, help="largest file a submission may write")
     v.add_argument("--solutions", type=Path, default=None, help="solutions folder to hide (default: solutions/)")
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.verb == "grade":
         from perflab.grading import sandbox
 
+        if args.require_isolation and args.unisolated:
+            raise ValueError("--require-isolation and --unisolated contradict each other: pass one")
         missing = sandbox.missing_isolation()
         if args.require_isolation and missing:
             print("perflab grade grade: --require-isolation: " + "; ".join(missing))
@@ -103,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
             wall_s=args.wall, memory_bytes=int(args.memory_gb * GiB) if args.memory_gb > 0 else None,
             processes=args.processes or None, file_bytes=int(args.file_mb * MiB) if args.file_mb > 0 else None,
             disk_bytes=int(args.disk_mb * MiB) if args.disk_mb > 0 else None)
-        settings = pipeline.Settings(limits=limits, cell_timeout=args.cell_timeout, jobs=args.jobs, gpus=args.gpus)
+        settings = pipeline.Settings(limits=limits, cell_timeout=args.cell_timeout, jobs=args.jobs, gpus=args.gpus,
+                                     unisolated=args.unisolated)
+        try:
+            pipeline.check_isolation(settings)
+        except pipeline.Unisolated as exc:
+            print(f"perflab grade grade: {exc}", file=sys.stderr)
+            return 2
 
         def progress(record) -> None:
             flag = "  FLAGGED" if record.flagged else ""
@@ -113,10 +126,14 @@ def run(args: argparse.Namespace) -> int:
         summary = pipeline.grade(course, settings, labs=args.lab, students=args.student, backend=args.backend,
                                  ray_address=args.ray_address, force=args.force, solutions=args.solutions,
                                  progress=progress)
+        for path in summary.removed:
+            print(f"removed {path}: a work folder left by a grading run that was stopped")
         print(summary.line())
     elif args.verb == "feedback":
-        pages = pipeline.feedback(course, args.lab, args.student)
-        print(f"wrote {len(pages)} feedback page(s) under {Path(course) / 'feedback'}")
+        done = pipeline.feedback(course, args.lab, args.student,
+                                 on_problem=lambda line: print(f"feedback {line}", flush=True))
+        print(f"{done.line()}, under {Path(course) / 'feedback'}")
+        return 1 if done.failed else 0
     elif args.verb == "export":
         from perflab.grading import export
 
@@ -128,4 +145,6 @@ def run(args: argparse.Namespace) -> int:
         for name, keys in export.status(course).items():
             print(f"{name:13s}{len(keys):4d}  {' '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
         print("\n".join(sandbox.describe()))
+        if sandbox.isolation().kind == "none":
+            print("grading    refused here unless `perflab grade grade --unisolated` (or in the container)")
     return 0

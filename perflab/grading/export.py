@@ -17,10 +17,13 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
     error           why the cell scored 0, when it did for a reason other than a plain failed
                     test (the notebook could not be read, the kernel died, the time limit...),
                     or the first error the cell raised; empty when it passed
+    isolation       the sandbox the submission ran in: root | userns (Linux namespaces), none (graded
+                    with --unisolated: no namespaces), empty when no student code ran; the same on
+                    every row of a submission
 
 JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
 "submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
-"inconclusive"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+"inconclusive", "isolation"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 from perflab.grading.state import Record, State
 
 COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "speedup", "hardware_class",
-           "flagged", "error")
+           "flagged", "error", "isolation")
 
 
 def manual_scores(course: Path) -> dict[tuple[str, str, str], float]:
@@ -64,7 +67,7 @@ def rows(records: Iterable[Record], manual: dict[tuple[str, str, str], float] | 
             out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id, "score": score,
                         "max_score": cell.max_score, "verdict": cell.verdict, "speedup": cell.speedup,
                         "hardware_class": cell.hardware_class, "flagged": int(rec.flagged),
-                        "error": cell.error})
+                        "error": cell.error, "isolation": rec.isolation})
     return out
 
 
@@ -89,7 +92,8 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
         score = sum(r["score"] or 0.0 for r in table if r["student"] == rec.student and r["lab"] == rec.lab)
         submissions.append({"student": rec.student, "lab": rec.lab, "score": score, "max_score": rec.max_score,
                             "outcome": rec.outcome, "flagged": rec.flagged, "flags": list(rec.flags),
-                            "notes": list(rec.notes), "inconclusive": rec.inconclusive})
+                            "notes": list(rec.notes), "inconclusive": rec.inconclusive,
+                            "isolation": rec.isolation})
         entry = students_out.setdefault(rec.student, {"score": 0.0, "max_score": 0.0, "labs": {}})
         entry["score"] += score
         entry["max_score"] += rec.max_score
@@ -102,12 +106,13 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
 
 def status(course: Path) -> dict[str, list[str]]:
     """Submissions by state: pending (collected, not graded in this version), graded, failed,
-    inconclusive, flagged (the last two overlap graded)."""
+    inconclusive, flagged, unisolated (graded with --unisolated; the last three overlap graded)."""
     from perflab.grading.pipeline import submissions
 
     course = Path(course).resolve()
     state = State.load(course)
-    out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": []}
+    out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": [],
+                                 "unisolated": []}
     for job in submissions(course):
         if not state.done(job.lab, job.student, job.sha256):
             out["pending"].append(f"{job.lab}/{job.student}")
@@ -117,4 +122,6 @@ def status(course: Path) -> dict[str, list[str]]:
             out["inconclusive"].append(rec.key)
         if rec.flagged:
             out["flagged"].append(rec.key)
+        if rec.isolation == "none":
+            out["unisolated"].append(rec.key)
     return out

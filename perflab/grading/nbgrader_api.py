@@ -36,6 +36,7 @@ import contextlib
 import datetime as _dt
 import logging
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -237,7 +238,7 @@ def generate_feedback(course_dir: str | os.PathLike[str], lab: str, student: str
     (perflab.grading.feedback does, before anything reaches a student).
     """
     course = _course(course_dir)
-    with _tools_on_path():
+    with _tools_on_path(), _quiet("traitlets"):  # nbgrader's traceback lands in the result's log, not the console
         result = _api(course).generate_feedback(lab, student, force=True)
     _check(result, "generate_feedback", lab, student)
     return course / "feedback" / student / lab
@@ -305,7 +306,35 @@ def _check(result: Mapping[str, Any], step: str, lab: str, student: str | None =
             log.debug("%s %s%s: %s", step, lab, who, line)
     if not result.get("success"):
         tail = "\n".join(text.strip().splitlines()[-20:])
-        raise GradingError(f"nbgrader {step} of {lab}{who} failed:\n{tail}")
+        raise GradingError(f"nbgrader {step} of {lab}{who} failed: {_cause(text)}\n{tail}")
+
+
+# An exception line in nbgrader's log ("nbgrader.api.MissingEntry: No such taskcomment: ...").
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Entry|Exit)): (.*)$")
+
+
+def _cause(log_text: str) -> str:
+    """The first error nbgrader logged, as one line ("MissingEntry: No such taskcomment: ..."),
+    skipping its generic "see the above traceback" wrappers."""
+    for line in log_text.splitlines():
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match and match.group(1) != "NbGraderException":
+            return f"{match.group(1)}: {match.group(2)}"[:300]
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no reason given"
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Keep logger `name` from printing to the console for the duration (its records still reach
+    the handlers nbgrader's API adds to capture them)."""
+    logger = logging.getLogger(name)
+    saved = logger.propagate
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.propagate = saved
 
 
 def _tools_on_path() -> contextlib.AbstractContextManager[None]:

@@ -75,6 +75,9 @@ class Settings:
     jobs: int | None = None  # None: `default_jobs()`
     gpus: int = 0  # GPUs grading uses (the local pool gives each job one)
     hide: tuple[Path, ...] = ()  # more folders the sandbox must not see
+    # Grade even where the sandbox has no namespaces (student code then runs as the instructor, with
+    # the network): the instructor's explicit choice, recorded in every record of the run.
+    unisolated: bool = False
 
     def __post_init__(self) -> None:
         if self.cell_timeout < 1:
@@ -116,10 +119,31 @@ class Summary:
     graded: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()  # already graded with the same content
     failed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()  # work folders a stopped grading run had left, removed before this one
+    isolation: str = ""  # the sandbox kind this run graded with
 
     def line(self) -> str:
-        return (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
-                f"{len(self.skipped)} already graded")
+        out = (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
+               f"{len(self.skipped)} already graded")
+        if self.isolation == "none" and self.graded + self.failed:
+            out += "; UNISOLATED: student code ran without namespaces (recorded in the grades)"
+        return out
+
+
+class Unisolated(ValueError):
+    """The sandbox has no namespaces here and the instructor did not choose to grade without them."""
+
+
+def check_isolation(settings: Settings) -> sandbox.Isolation:
+    """This machine's sandbox kind; `Unisolated` (one line: why, and the two ways on) where it has no
+    namespaces and `settings.unisolated` is not set: perflab never runs student code unisolated by default."""
+    iso = sandbox.isolation()
+    if iso.kind == "none" and not settings.unisolated:
+        why = "; ".join(iso.notes) or "no Linux namespaces here"
+        raise Unisolated(f"refusing to run student code without Linux namespaces ({why}): it would run as you, "
+                         "with the network and your files; grade in the container (autograder/Containerfile, see "
+                         "README) or pass --unisolated to grade anyway (recorded in the grades)")
+    return iso
 
 
 def default_jobs(cores: int | None = None, gpus: int = 0) -> int:
@@ -392,6 +416,7 @@ def work_folder(prefix: str) -> Iterator[Path]:
     path = Path(lock_name[: -len(".lock")])
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, _process_id(os.getpid()).encode())  # the owner, for when a forked child keeps the lock
         path.mkdir()
         yield path
     finally:
@@ -401,8 +426,10 @@ def work_folder(prefix: str) -> Iterator[Path]:
 
 
 def remove_abandoned(base: Path | None = None) -> list[Path]:
-    """Remove the work folders of gradings that are no longer running (their lock is free): a grader
-    killed half-way leaves the student's notebook there. Returns what was removed."""
+    """Remove the work folders of gradings that are no longer running: their lock is free, or the
+    process that took it is gone (a child it forked, a judge's data loader say, can outlive a killed
+    grader and hold the lock a while). A grader killed half-way leaves the student's notebook there.
+    Returns what was removed."""
     import fcntl
 
     base = base or sandbox_base()
@@ -412,8 +439,13 @@ def remove_abandoned(base: Path | None = None) -> list[Path]:
         if folder.name.startswith(".uid-slot") or folder.name == "timing":
             continue
         try:
-            with open(lock_path, "a") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with open(lock_path, "a+") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    handle.seek(0)
+                    if _owner_running(handle.read()):
+                        continue
                 for path in (folder, folder.with_name(folder.name + ".stage")):
                     if path.exists():
                         shutil.rmtree(path, ignore_errors=True)
@@ -422,6 +454,35 @@ def remove_abandoned(base: Path | None = None) -> list[Path]:
         except (BlockingIOError, OSError):
             continue
     return removed
+
+
+def _process_id(pid: int) -> str:
+    """"PID START": a process and when it started (so a reused pid is not taken for it)."""
+    return f"{pid} {_start_time(pid)}\n"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[19]  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return "?"
+
+
+def _owner_running(text: str) -> bool:
+    """Whether the process a work folder's lock names ("PID START") still runs; True when unsure."""
+    try:
+        pid_text, start = text.split()
+        pid = int(pid_text)
+    except ValueError:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start == "?" or _start_time(pid) in (start, "?")
 
 
 def sandbox_base() -> Path:
@@ -846,16 +907,20 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
           solutions: Path | None = None, progress: Callable[[Record], None] | None = None) -> Summary:
     """Grade every collected submission not graded yet (all of `labs`/`students` with `force`)."""
     settings = with_instructor_policy(settings or Settings())
+    iso = check_isolation(settings)
     course = Path(course).resolve()
     if not (course / "gradebook.db").is_file():
         raise FileNotFoundError(f"{course}: no course folder here; run `perflab grade setup` first")
+    if iso.kind == "none":
+        log.warning("grading UNISOLATED (--unisolated): student code runs as you, with the network")
     hide = [course, *(p for p in [solutions or SOLUTIONS_DIR] if Path(p).exists()), *grader_only_paths(),
             *settings.hide]
     from perflab import env as _env
 
     hardware = _env.machine_info().hardware_class
     with lock(course):
-        for path in remove_abandoned():
+        removed = remove_abandoned()
+        for path in removed:
             log.warning("removed %s, left behind by a grading run that was stopped", path)
         state = State.load(course)
         todo, done = plan(course, state, labs, students, force)
@@ -896,7 +961,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             ray_backend.run(todo, infos, templates, settings, hide, on_result, address=ray_address)
         else:
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
-    return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed))
+    return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed),
+                   tuple(str(p) for p in removed), iso.kind)
 
 
 def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
@@ -971,23 +1037,77 @@ def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_r
 # feedback
 
 
-def feedback(course: Path = COURSE_DIR, labs=None, students=None) -> list[Path]:
-    """Write HTML feedback for every graded submission in the selection; returns the files."""
+# What a student reads when nbgrader could not render their graded notebook (their scores stand).
+NOT_RENDERED = ("your graded notebook could not be rendered into this page, so only your scores and "
+                "grading notes are shown (your scores are not affected; an instructor has been told)")
+
+
+@dataclass(frozen=True)
+class FeedbackRun:
+    """What `feedback` wrote: a page per submission, and which ones fell back or got none."""
+
+    pages: tuple[Path, ...] = ()  # every page written, minimal ones included
+    minimal: tuple[str, ...] = ()  # "lab/student: reason": nbgrader could not render it; a minimal page instead
+    failed: tuple[str, ...] = ()  # "lab/student: reason": no page at all
+
+    def line(self) -> str:
+        return (f"wrote {len(self.pages)} feedback page(s), {len(self.minimal)} of them minimal (the notebook "
+                f"could not be rendered); {len(self.failed)} submission(s) got no page")
+
+
+def feedback(course: Path = COURSE_DIR, labs=None, students=None,
+             on_problem: Callable[[str], None] | None = None) -> FeedbackRun:
+    """Write HTML feedback for every graded submission in the selection, one at a time: a notebook
+    nbgrader cannot render gets a minimal page with its score and notes instead, and one line (to
+    `on_problem` and the log) naming the student and the reason; it never stops the others."""
     course = Path(course).resolve()
     state = State.load(course)
-    written = []
-    for record in state.records.values():
+    pages: list[Path] = []
+    minimal: list[str] = []
+    failed: list[str] = []
+    infos: dict[str, LabInfo] = {}
+
+    def problem(kind: list[str], record: Record, what: str, exc: BaseException) -> None:
+        line = f"{record.key}: {what} ({_reason(exc)})"
+        kind.append(line)
+        if on_problem:
+            on_problem(line)
+        else:
+            log.warning("feedback %s", line)
+
+    for record in sorted(state.records.values(), key=lambda r: r.key):
         if (labs and record.lab not in labs) or (students and record.student not in students):
             continue
-        info = lab_info(course, record.lab)
-        folder = course / "feedback" / record.student / record.lab
-        name = Path(info.notebook).stem
-        if (course / "autograded" / record.student / record.lab / info.notebook).is_file():
-            nbapi.generate_feedback(course, record.lab, record.student)
-            page = folder / f"{name}.html"
-        else:
+        try:
+            info = infos.get(record.lab) or infos.setdefault(record.lab, lab_info(course, record.lab))
+            folder = course / "feedback" / record.student / record.lab
+            name = Path(info.notebook).stem
             lines = list(record.notes) or ["the submission could not be graded"]
-            page = fb.write_page(folder, name, fb.failure_page(record.student, record.lab, lines, record.cells))
-        fb.assert_nothing_hidden(page.read_text(encoding="utf-8"), {}, str(page))
-        written.append(page)
-    return written
+            page = None
+            if (course / "autograded" / record.student / record.lab / info.notebook).is_file():
+                try:
+                    nbapi.generate_feedback(course, record.lab, record.student)
+                    page = folder / f"{name}.html"
+                    fb.assert_nothing_hidden(page.read_text(encoding="utf-8"), {}, str(page))
+                except Exception as exc:
+                    if page is not None:
+                        page.unlink(missing_ok=True)
+                    page = None
+                    problem(minimal, record, "nbgrader could not render the graded notebook; wrote a minimal page",
+                            exc)
+                    lines = [NOT_RENDERED, *record.notes]
+            if page is None:
+                page = fb.write_page(folder, name, fb.failure_page(record.student, record.lab, lines, record.cells))
+                fb.assert_nothing_hidden(page.read_text(encoding="utf-8"), {}, str(page))
+            pages.append(page)
+        except Exception as exc:
+            problem(failed, record, "no feedback page", exc)
+    return FeedbackRun(tuple(pages), tuple(minimal), tuple(failed))
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for why a step failed: an nbgrader failure's cause, else the exception's first line."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    if isinstance(exc, nbapi.GradingError) and "failed: " in first:
+        return first.split("failed: ", 1)[1][:300]
+    return f"{type(exc).__name__}: {first}"[:300]

@@ -14,6 +14,8 @@ that is per (student, lab):
     speedup         float   the autograder's re-measured speedup; blank if the lab has none
     hardware_class  str     `perflab.env.MachineInfo.hardware_class` of the grading machine
     flagged         bool    held for instructor review: true/false, 1/0, yes/no; blank is false
+    isolation       str     optional: the grader's sandbox (root | userns | none, where none means
+                            graded with --unisolated: no namespaces); blank if unknown
 
 Four spellings are read:
 
@@ -87,6 +89,7 @@ class Submission:
     speedup: float | None
     hardware_class: str
     flagged: bool
+    isolation: str = ""
 
     @property
     def fraction(self) -> float | None:
@@ -144,7 +147,7 @@ def _row(where: str, data: dict[str, Any]) -> Submission:
                       _number(where, "score", data.get("score")),
                       _number(where, "max_score", data.get("max_score")), verdict,
                       _number(where, "speedup", data.get("speedup")),
-                      str(data["hardware_class"]).strip(), flagged)
+                      str(data["hardware_class"]).strip(), flagged, str(data.get("isolation") or "").strip())
 
 
 def _from_csv(path: Path) -> list[Submission]:
@@ -199,7 +202,8 @@ def _submissions(rows: list[tuple[str, dict[str, Any]]], per_cell: bool) -> list
                               sum(maxima) if maxima else None, _overall([c.verdict for c in cells]),
                               max(speeds) if speeds else None,
                               machines[0] if machines else UNKNOWN_HARDWARE,
-                              any(c.flagged for c in cells)))
+                              any(c.flagged for c in cells),
+                              next((c.isolation for c in cells if c.isolation), "")))
     return out
 
 
@@ -273,6 +277,12 @@ def render_class(export: ClassExport, title: str | None = None) -> Report:
                     f"{len(hardware)} kinds of hardware</strong> ({esc(', '.join(hardware))}): "
                     "speedups are shown per hardware class, since they are not comparable "
                     "across machines.</div>")
+    unisolated = sorted(f"{r.lab}/{r.student}" for r in rows if r.isolation == "none")
+    if unisolated:
+        summary += (f'<div class="banner" id="unisolated" role="note"><strong>{len(unisolated)} submission(s) '
+                    "graded with --unisolated</strong>: their code ran without Linux namespaces, as the "
+                    f"instructor and with the network ({esc(', '.join(unisolated[:12]))}"
+                    f"{' ...' if len(unisolated) > 12 else ''}).</div>")
     body.append(section("class-summary", "Summary", summary, f"from {esc(export.source)}"))
 
     # speedups per lab, one figure per hardware class
@@ -356,8 +366,10 @@ def render_class(export: ClassExport, title: str | None = None) -> Report:
     title = title or "Class report"
     subtitle = esc(f"{len(students)} students, {len(rows)} submissions, "
                    f"hardware: {', '.join(hardware)}")
-    return Report(page(title, subtitle, CLASS_SECTIONS, "".join(body)), figs,
-                  (f"graded on {len(hardware)} hardware classes",) if len(hardware) > 1 else ())
+    notes = (f"graded on {len(hardware)} hardware classes",) if len(hardware) > 1 else ()
+    if unisolated:
+        notes += (f"{len(unisolated)} submission(s) graded with --unisolated (no namespaces)",)
+    return Report(page(title, subtitle, CLASS_SECTIONS, "".join(body)), figs, notes)
 
 
 def _score(r: Submission) -> str:
