@@ -19,6 +19,7 @@ from torch import nn
 
 from perflab import counting, diagnose, env, memory, roofline, timing, tracing, workload
 from perflab.phases import Breakdown, measure_phases
+from perflab.throughput import Throughput
 from perflab.workload import TrainConfig
 
 
@@ -59,20 +60,26 @@ class TrainingProfile:
     layers: tuple[roofline.LayerPoint, ...]
     gpu_utilization: tracing.UtilizationSamples
     diagnosis: diagnose.Diagnosis
+    batches_per_epoch: int | None = None
 
     @property
     def samples_per_step(self) -> int:
         return self.config.samples_per_step
 
     @property
+    def rate(self) -> Throughput:
+        """The timed steps as a throughput: samples over their wall time, the median step, the stalls."""
+        return Throughput(self.step_time.times, self.samples_per_step, self.batches_per_epoch,
+                          self.config.num_workers, self.config.persistent_workers)
+
+    @property
     def throughput(self) -> float:
-        """Samples per second at the median step time."""
-        return self.samples_per_step / self.step_time.median
+        """Samples per second over the wall time of the timed steps (every stall included)."""
+        return self.rate.samples_per_second
 
     def throughput_ci(self) -> tuple[float, float]:
-        """95% CI of the throughput: the step-time CI, inverted."""
-        ci = self.step_time.ci()
-        return self.samples_per_step / ci.high, self.samples_per_step / ci.low
+        """95% CI of the wall throughput (bootstrap over the timed steps)."""
+        return self.rate.ci()
 
     @property
     def flops_per_sample(self) -> tuple[int, int]:
@@ -88,7 +95,8 @@ class TrainingProfile:
 
     @property
     def achieved_flops_per_s(self) -> float:
-        return self.flops_per_step[1] / self.step_time.median
+        """FLOP/s over the wall time of the timed steps, like the throughput (MFU's numerator)."""
+        return self.flops_per_step[1] * self.step_time.n / self.rate.wall_seconds
 
     def roofline_section(self) -> dict[str, Any]:
         flops = sum(p.flops for p in self.layers)
@@ -105,7 +113,6 @@ class TrainingProfile:
 
     def sections(self) -> dict[str, Any]:
         """The results-file sections (see `perflab.results`)."""
-        low, high = self.throughput_ci()
         fwd_sample, train_sample = self.flops_per_sample
         fwd_step, train_step = self.flops_per_step
         budget = dict(self.memory.to_dict())
@@ -116,7 +123,9 @@ class TrainingProfile:
                        "flops_train": train_sample, "flops_forward_per_step": fwd_step,
                        "flops_train_per_step": train_step, "batch_size": self.config.batch_size,
                        "image_size": self.config.image_size},
-            "baseline": {"throughput": {"median": self.throughput, "ci": [low, high], "unit": "samples/s"},
+            "baseline": {"throughput": self.rate.as_stat(),
+                         "median_step_throughput": {"median": self.rate.median_samples_per_second,
+                                                    "unit": "samples/s", "statistic": "samples / median step"},
                          "step_time": self.step_time.as_stat()},
             "phases": {"before": dict(self.phases.seconds)},
             "memory_budget": budget,
@@ -151,13 +160,15 @@ def _peak_of_training(config: TrainConfig, steps: int) -> memory.PeakMemory:
         work.close()
 
 
-def _time_steps(config: TrainConfig, plan: ProfilePlan, device: torch.device) -> tuple[timing.Measurement, int]:
-    """Seconds per training step (unsynchronised inside the step, synchronised at its end) and the class count."""
+def _time_steps(config: TrainConfig, plan: ProfilePlan,
+                device: torch.device) -> tuple[timing.Measurement, int, int]:
+    """Seconds per consecutive training step (unsynchronised inside the step, synchronised at its end),
+    the class count and the loader's batches per epoch."""
     work = workload.build(config)
     try:
         measured = timing.benchmark(lambda: workload.train_step(work), warmup=plan.warmup,
                                     repeats=plan.steps, device=device, label="train step")
-        return measured, work.num_classes
+        return measured, work.num_classes, len(work.loader)
     finally:
         work.close()
 
@@ -176,7 +187,7 @@ def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
 
     announce("throughput")
     with tracing.sample_gpu_utilization(device) as util:
-        step_time, num_classes = _time_steps(config, plan, device)
+        step_time, num_classes, batches_per_epoch = _time_steps(config, plan, device)
     gc.collect()  # nothing of that run stays allocated while the peak is measured
 
     announce("peak memory")
@@ -228,7 +239,7 @@ def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
         cpu_bf16=machine.cpu_bf16,
     )
     return TrainingProfile(config, machine, step_time, breakdown, parameters, flops, budget, measured_peak,
-                           traced, peaks, peak_key, layers, util, verdict)
+                           traced, peaks, peak_key, layers, util, verdict, batches_per_epoch)
 
 
 __all__ = ["ProfilePlan", "TrainingProfile", "profile_training"]

@@ -41,7 +41,7 @@ _HELP = {
     "gpu_augment": "augment on the device with kornia",
     "amp_dtype": "autocast dtype: bf16 or fp16",
     "channels_last": "NHWC memory format for model and inputs",
-    "checkpoint_segments": "ResNet stages (0-4) run under activation checkpointing",
+    "checkpoint_stages": "the first N ResNet stages (0-4) run under activation checkpointing",
     "accumulation_steps": "micro-batches per optimizer step",
     "compile_mode": "torch.compile mode: default, reduce-overhead or max-autotune",
     "device": "cuda, mps or cpu (default: the best available)",
@@ -84,16 +84,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-peak", action="store_true",
                    help="skip the peak-memory run (on CPU it starts a child process)")
     knobs = p.add_argument_group("training knobs (every TrainConfig field)")
+    from perflab.workload import RENAMED_FIELDS
+
     for name, base, optional, default in _knob_fields():
-        flag = "--" + name.replace("_", "-")
+        # A renamed field keeps its old flag too (deprecated), so scripts written before still run.
+        flags = ["--" + f.replace("_", "-") for f in (name, *(old for old, new in RENAMED_FIELDS.items() if new == name))]
         text = _HELP.get(name, f"TrainConfig.{name}")
         shown = "from --size" if name in _FROM_SIZE else default
         if base is bool:
-            knobs.add_argument(flag, dest=f"knob_{name}", action=argparse.BooleanOptionalAction,
+            knobs.add_argument(*flags, dest=f"knob_{name}", action=argparse.BooleanOptionalAction,
                                default=None, help=f"{text} (default {shown})")
         else:
             metavar = {int: "N", float: "X"}.get(base, "VALUE")
-            knobs.add_argument(flag, dest=f"knob_{name}", default=None, metavar=metavar,
+            knobs.add_argument(*flags, dest=f"knob_{name}", default=None, metavar=metavar,
                                help=f"{text} (default {shown}{'; none to unset' if optional else ''})")
     p.set_defaults(func=run)
 
@@ -204,10 +207,8 @@ def render(result: TrainingProfile, plan: ProfilePlan) -> str:
 
     lines += [_section("machine"), result.machine.describe()]
 
-    low, high = result.throughput_ci()
     m = result.step_time
-    lines += [_section("throughput"),
-              f"{result.throughput:,.1f} samples/s   95% CI {low:,.1f} to {high:,.1f}",
+    lines += [_section("throughput (samples over the wall time of the timed steps)"), *result.rate.describe(),
               f"step time median {format_time(m.median)}, IQR {format_time(m.iqr)}, "
               f"{m.n} timed steps after {m.warmup} warm-up ({cfg.samples_per_step} samples per step)"]
     lines += [f"WARNING: {w}" for w in m.warnings]
@@ -230,8 +231,8 @@ def render(result: TrainingProfile, plan: ProfilePlan) -> str:
               f"{'forward+backward':<18}{counting.format_count(train_sample, 'FLOP'):>14}"
               f"{counting.format_count(train_step, 'FLOP'):>14}",
               f"achieved {counting.format_count(result.achieved_flops_per_s, 'FLOP/s')} "
-              f"(forward+backward per step / median step time)"]
-    if cfg.checkpoint_segments:
+              "(forward+backward per step over the wall time of the timed steps)"]
+    if cfg.checkpoint_stages:
         lines.append("(forward+backward includes the forward recomputed by checkpointing)")
 
     lines += [_section("memory budget (one micro-batch)"), result.memory.table()]

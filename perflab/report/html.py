@@ -22,6 +22,7 @@ from perflab.report.model import (
     numeric_items,
     waterfall_steps,
 )
+from perflab.throughput import Throughput
 
 # (DOM id, heading, what measures it when it is missing), in page order.
 SECTIONS = (
@@ -329,6 +330,16 @@ def _stat(stat: dict[str, Any] | None) -> tuple[str, str]:
     return f"{fmt_num(stat['median'])} {esc(unit)}", fmt_ci(stat.get("ci"), f" {unit}")
 
 
+def _stall_line(baseline: dict[str, Any]) -> str | None:
+    """The stalls of a wall throughput recomputed from its raw step seconds ('1 step in 7 waits ...')."""
+    tp = baseline.get("throughput")
+    if not (isinstance(tp, dict) and tp.get("statistic") == "samples over wall time" and tp.get("samples")):
+        return None
+    steps = tp["samples"]
+    samples = round(tp["median"] * sum(steps) / len(steps))
+    return Throughput(tuple(steps), max(1, samples)).stall_line()
+
+
 def _baseline(b: _Builder) -> tuple[str, str]:
     items = b.rs.having("baseline")
     if not items:
@@ -339,16 +350,23 @@ def _baseline(b: _Builder) -> tuple[str, str]:
     if isinstance(tp, dict) and "median" in tp:
         ci = tp.get("ci")
         out.append(f'<div class="kpi"><b>{fmt_num(tp["median"])} {esc(tp.get("unit", ""))}</b>'
-                   f"<span>baseline throughput, 95% CI {esc(fmt_ci(ci))}</span></div>")
+                   f"<span>baseline throughput ({esc(tp.get('statistic') or 'median step')}), "
+                   f"95% CI {esc(fmt_ci(ci))}</span></div>")
     st = first.get("step_time")
     if isinstance(st, dict) and "median" in st:
         out.append(f'<div class="kpi"><b>{esc(_stat(st)[0])}</b><span>median step time</span></div>')
     rows = []
     for item in items:
         base = item.sections["baseline"]
-        rows.append([item.lab, *_stat(base.get("throughput")), *_stat(base.get("step_time"))])
-    out.append(table(["source", "throughput (median)", "95% CI", "step time (median)", "95% CI"],
-                     rows, numeric=(1, 2, 3, 4)))
+        what = (base.get("throughput") or {}).get("statistic") or "median step"
+        beside = base.get("median_step_throughput")
+        rows.append([item.lab, *_stat(base.get("throughput")), what,
+                     _stat(beside)[0] if isinstance(beside, dict) else "–", *_stat(base.get("step_time"))])
+    out.append(table(["source", "throughput", "95% CI", "measured as", "at the median step", "step time (median)",
+                      "95% CI"], rows, numeric=(1, 2, 4, 5, 6)))
+    stalls = [(item.lab, line) for item in items if (line := _stall_line(item.sections["baseline"]))]
+    if stalls:
+        out.append("<p>" + "<br>".join(f"{esc(lab)}: {esc(line)}" for lab, line in stalls) + "</p>")
     counts = b.rs.latest("counts")
     if counts:
         out.append(f"<p>Model: {esc(_counts_text(counts.sections['counts']))} ({esc(counts.lab)}).</p>")
