@@ -564,6 +564,12 @@ def test_grading_without_namespaces_is_refused_in_one_line_unless_unisolated(tmp
     assert main(["grade", "grade", "--course", str(tmp_path), "--unisolated"]) == 2
     assert "no course folder here" in capsys.readouterr().err
     assert pipeline.check_isolation(pipeline.Settings(unisolated=True)).kind == "none"
+    # A Ray node without namespaces runs nothing either: that submission's line, not student code.
+    job = pipeline.Job("s1", "lab00_fixture", tmp_path / "missing.ipynb", "0")
+    info = pipeline.LabInfo("lab00_fixture", "lab00_fixture.ipynb",
+                            ({"grade_id": "test_mean", "max_score": 2.0, "hidden": False, "manual": False},), {})
+    result = pipeline.grade_one(job, info, tmp_path, pipeline.Settings())
+    assert "cannot isolate a submission" in result.error and result.cells[0].score == 0
 
 
 def test_an_unisolated_grade_is_recorded_and_shown(tmp_path, monkeypatch):

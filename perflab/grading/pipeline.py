@@ -514,6 +514,12 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     The submission is read and checked here (as data); its notebook runs in the sandbox, which
     returns the executed notebook and the probes' observations; the judges decide every score here.
     """
+    try:  # checked again here: a Ray node is not the machine the run was started on
+        check_isolation(settings)
+    except Unisolated as exc:
+        log.error("%s/%s: %s", job.lab, job.student, exc)
+        return failure_result(info, "not graded: this grading machine cannot isolate a submission; "
+                                    "an instructor has been told")
     try:
         release = released_notebook(tmpl, job.lab, info.notebook)
         nb, findings = checks.inspect_submission(job.path.read_bytes(), release)
