@@ -293,7 +293,7 @@ def test_exported_candidate_trains_like_the_baseline(tiny_data, tmp_path) -> Non
 
 def test_calibration_pair_checkpoints_every_stage() -> None:
     base, cand = lab04.calibration_pair("tiny")
-    assert cand == base.replace(checkpoint_segments=len(lab04.GRADED_STAGES))
+    assert cand == base.replace(checkpoint_stages=len(lab04.GRADED_STAGES))
     assert lab04.EXPECTATION.startswith("checkpoint")  # where uncalibrated, verify's known-cost rule applies
 
 
@@ -510,7 +510,7 @@ def test_on_cuda_the_verification_measures_the_allocator_peak_checkpointing_lowe
     from perflab.verify import guard, verify
 
     base = lab04.baseline_config("tiny").replace(device="cuda", batch_size=32, image_size=64)
-    v = verify(base, base.replace(checkpoint_segments=len(lab04.GRADED_STAGES)), expectation=0.5,
+    v = verify(base, base.replace(checkpoint_stages=len(lab04.GRADED_STAGES)), expectation=0.5,
                measure_activations=True, hashes=guard.file_hashes())
     peak = lab04.device_peak(v)
     assert peak is not None and peak[1] < peak[0], (v.describe(), v.details.get("cuda_peak_bytes"))

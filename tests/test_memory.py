@@ -92,7 +92,7 @@ def test_checkpointing_lowers_saved_activation_bytes() -> None:
     x = torch.randn(2, 3, 32, 32)
     saved = []
     for segments in (0, 2, 4):
-        net = build_model(TrainConfig(checkpoint_segments=segments), num_classes=10)
+        net = build_model(TrainConfig(checkpoint_stages=segments), num_classes=10)
         saved.append(memory.activation_bytes(net, x).bytes)
     assert saved[0] > saved[1] > saved[2] > 0
     assert saved[2] < 0.6 * saved[0], f"checkpointing all four stages kept {saved}"

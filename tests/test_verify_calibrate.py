@@ -7,6 +7,7 @@ import pytest
 
 from perflab.cli import main
 from perflab.verify import calibrate
+from perflab.workload import REFERENCE_CHECKPOINT_STAGES
 
 
 def test_unknown_config_is_a_one_line_error(capsys):
@@ -27,7 +28,7 @@ def test_cpu_calibrates_what_cpu_can_run():
     with pytest.raises(ValueError, match="amp_fp16"):
         calibrate.available(["amp_fp16"], "cpu")
     base = calibrate.baseline_config("grade", "cpu")
-    assert base.replace(**calibrate.REFERENCE_CHANGES["checkpoint"]).checkpoint_segments == 2
+    assert base.replace(**calibrate.REFERENCE_CHANGES["checkpoint"]).checkpoint_stages == REFERENCE_CHECKPOINT_STAGES
 
 
 def test_labs_with_their_own_pair_are_calibrated_too():
@@ -38,7 +39,7 @@ def test_labs_with_their_own_pair_are_calibrated_too():
     assert calibrate.available([lab04.EXPECTATION], "cpu") == [lab04.EXPECTATION]
     base, cand = calibrate.lab_pairs("tiny")[lab04.EXPECTATION]
     assert (base, cand) == lab04.calibration_pair("tiny")
-    assert cand.checkpoint_segments > 0 and base.checkpoint_segments == 0
+    assert cand.checkpoint_stages > 0 and base.checkpoint_stages == 0
 
 
 def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):

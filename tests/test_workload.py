@@ -28,7 +28,7 @@ def _data(tiny_data) -> None:  # noqa: ANN001 - fixture from conftest
         ({"amp_dtype": "fp16", "device": "cpu"}, "amp_dtype"),
         ({"image_size": 8}, "image_size"),
         ({"num_workers": -2}, "num_workers"),
-        ({"checkpoint_segments": 5}, "checkpoint_segments"),
+        ({"checkpoint_stages": 5}, "checkpoint_stages"),
         ({"compile_mode": "fastest"}, "compile_mode"),
         ({"prefetch_factor": 2}, "prefetch_factor"),
         ({"persistent_workers": True}, "persistent_workers"),
@@ -123,9 +123,88 @@ def _saved_bytes(cfg: TrainConfig) -> int:
 
 def test_checkpointing_lowers_saved_bytes() -> None:
     plain = _saved_bytes(TINY)
-    two = _saved_bytes(TINY.replace(checkpoint_segments=2))
-    four = _saved_bytes(TINY.replace(checkpoint_segments=4))
+    two = _saved_bytes(TINY.replace(checkpoint_stages=2))
+    four = _saved_bytes(TINY.replace(checkpoint_stages=4))
     assert four < two < plain
+
+
+def _bn_state_after_one_step(stages: int, *, freeze_stem: bool = False) -> dict[str, torch.Tensor]:
+    """BatchNorm running statistics and counters after one training step of ResNet-18 (no data set)."""
+    model = workload.build_model(TrainConfig(checkpoint_stages=stages), num_classes=10).train()
+    if freeze_stem:
+        for p in (*model.conv1.parameters(), *model.bn1.parameters()):
+            p.requires_grad_(False)
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    torch.nn.functional.cross_entropy(model(images), torch.tensor([0, 1, 2, 3])).backward()
+    return {name.replace("stage.", ""): b.detach().clone() for name, b in model.named_buffers()}
+
+
+@pytest.mark.parametrize("freeze_stem", [False, True])
+def test_checkpointing_leaves_batchnorm_statistics_as_one_step_without(freeze_stem: bool) -> None:
+    plain = _bn_state_after_one_step(0, freeze_stem=freeze_stem)
+    ckpt = _bn_state_after_one_step(workload.REFERENCE_CHECKPOINT_STAGES, freeze_stem=freeze_stem)
+    assert plain.keys() == ckpt.keys()
+    differ = [name for name in plain if not torch.allclose(plain[name].float(), ckpt[name].float(), atol=1e-6)]
+    assert differ == [], f"checkpointing changed {len(differ)} buffers, e.g. {differ[:3]}"
+
+
+@pytest.mark.slow
+def test_compiled_checkpointing_updates_batchnorm_statistics_once() -> None:
+    """Under torch.compile the stage checkpoints without the restoring context (Dynamo takes none):
+    the traced graph applies its buffer updates once, whatever backward recomputes."""
+    def bn_state(checkpointed: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        stage = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        model = workload.CheckpointedStage(stage) if checkpointed else stage
+        run = torch.compile(model) if checkpointed else model
+        run(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return [b.detach().clone().float() for b in stage.buffers()]
+
+    torch._dynamo.reset()
+    for plain, compiled in zip(bn_state(False), bn_state(True), strict=True):
+        torch.testing.assert_close(compiled, plain)
+
+
+def _saved_bytes_of(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward from one forward of `module` (then runs the backward)."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    out.sum().backward()
+    return total
+
+
+def test_checkpointed_stage_checkpoints_when_its_input_needs_no_grad() -> None:
+    """A frozen stem gives the first stage an input without grad; its parameters still need one, so
+    its activations must still be recomputed, not kept."""
+    def stage() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+
+    x = torch.randn(32, 64)
+    assert _saved_bytes_of(workload.CheckpointedStage(stage()), x) < _saved_bytes_of(stage(), x) / 2
+
+
+def test_old_name_checkpoint_segments_still_loads_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
+        assert TrainConfig(checkpoint_segments=2).checkpoint_stages == 2
+    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
+        assert TINY.replace(checkpoint_segments=3) == TINY.replace(checkpoint_stages=3)
+    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
+        assert TINY.replace(checkpoint_stages=2).replace(checkpoint_segments=0) == TINY
+    old = {**TINY.to_dict(), "checkpoint_segments": 4}
+    del old["checkpoint_stages"]
+    with pytest.warns(DeprecationWarning):
+        assert TrainConfig.from_dict(old) == TINY.replace(checkpoint_stages=4)
+    with pytest.raises(ValueError, match="^checkpoint_segments: .*give only checkpoint_stages"), \
+            pytest.warns(DeprecationWarning):
+        TINY.replace(checkpoint_segments=1, checkpoint_stages=2)
+    assert "checkpoint_segments" not in TINY.to_dict()
 
 
 def test_accumulation_consumes_micro_batches_per_step() -> None:

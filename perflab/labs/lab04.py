@@ -171,9 +171,9 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
 
 def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
     """(baseline, candidate) that `perflab calibrate` times for EXPECTATION: perflab's own
-    checkpointing of every stage (`TrainConfig.checkpoint_segments`) against the plain run."""
+    checkpointing of every stage (`TrainConfig.checkpoint_stages`) against the plain run."""
     base = baseline_config(mode)
-    return base, base.replace(checkpoint_segments=len(GRADED_STAGES))
+    return base, base.replace(checkpoint_stages=len(GRADED_STAGES))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def reference_activation_bytes(config: TrainConfig) -> int:
     from perflab.verify import Side, candidates
     from perflab.verify.saved import SavedBytes, bind
 
-    side = Side.from_config(config.replace(checkpoint_segments=len(GRADED_STAGES)))
+    side = Side.from_config(config.replace(checkpoint_stages=len(GRADED_STAGES)))
     step = candidates.load_factory(side)(config.seed, **side.kwargs)
     step()  # the first step builds what is lazily built (optimizer state), like the child's first gate step
     with SavedBytes(bind()) as seen:

@@ -72,7 +72,7 @@ from perflab.labs.common import (  # noqa: F401
     verify_against_bar,
 )
 from perflab.verify.decide import QUANTILE
-from perflab.workload import AMP_DTYPES, RESNET_STAGES, TrainConfig
+from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, TrainConfig
 
 LAB = "lab06_together"
 # The entry of autograder/expectations/<hardware_class>.json that holds the bar of FINAL
@@ -83,7 +83,7 @@ EXPECTATION = "lab06_final"
 # compared step by step), accumulation_steps and batch_size (another optimisation problem), threads
 # (a property of the machine, not of the training code).
 SPEED_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "amp_dtype",
-                "channels_last", "checkpoint_segments", "compile_mode")
+                "channels_last", "checkpoint_stages", "compile_mode")
 # QUANTILE, the quantile of block times a speedup is taken from, is perflab.verify's estimator's:
 # interference on a shared machine only adds time, so a low quantile of many blocks is the least
 # disturbed estimate.
@@ -247,7 +247,7 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
         plans.append(judged(Change(f"{amp} autocast", {"amp_dtype": amp}, f"amp_{amp}"), can,
                             "this CPU has no bf16 hardware (AMX/AVX-512-BF16): autocast is emulated, slower"))
     plans.append(judged(Change("channels_last", {"channels_last": True}, "channels_last"), True, ""))
-    ckpt = Change("checkpoint every stage", {"checkpoint_segments": len(RESNET_STAGES)}, "checkpoint")
+    ckpt = Change("checkpoint every stage", {"checkpoint_stages": REFERENCE_CHECKPOINT_STAGES}, "checkpoint")
     if memory_needed:
         plans.append(Plan(ckpt, "force", "the baseline's batch does not fit the memory budget without it"))
     else:

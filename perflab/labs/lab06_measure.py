@@ -20,7 +20,7 @@ import numpy as np
 
 from perflab import env, stats
 from perflab.labs.lab06 import CI_SEED, QUANTILE, LabSizes, sizes
-from perflab.workload import AMP_DTYPES, RESNET_STAGES, TrainConfig
+from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, TrainConfig
 
 # Checkpointing is planned only when training at the baseline's batch size would need more than this
 # share of the device's memory (the rest: the allocator's fragmentation, the loader's batches, CUDA
@@ -151,7 +151,7 @@ def memory_vs_batch(config: TrainConfig, batches: Sequence[int], num_classes: in
     """`memory_vs_batch` rows for `config`, plain and with every stage checkpointed."""
     rows = []
     for checkpointed in (False, True):
-        cfg = config.replace(checkpoint_segments=len(RESNET_STAGES) if checkpointed else 0)
+        cfg = config.replace(checkpoint_stages=REFERENCE_CHECKPOINT_STAGES if checkpointed else 0)
         for b, nbytes in zip(batches, training_memory(cfg, batches, num_classes), strict=True):
             rows.append({"batch_size": int(b), "bytes": int(nbytes), "checkpointed": checkpointed})
     return rows
@@ -207,7 +207,7 @@ def mfu(config: TrainConfig, step_seconds: float) -> dict[str, Any]:
     from perflab import counting, roofline, workload
 
     device = env.pick_device(config.device)
-    model = workload.build_model(config.replace(checkpoint_segments=0, channels_last=False), 10)
+    model = workload.build_model(config.replace(checkpoint_stages=0, channels_last=False), 10)
     images = torch.randn(config.batch_size, 3, config.image_size, config.image_size, device=device)
     labels = torch.randint(0, 10, (config.batch_size,), device=device)
     with warnings.catch_warnings():
