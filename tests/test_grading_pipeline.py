@@ -22,6 +22,7 @@ import pytest
 
 from perflab.cli import main
 from perflab.grading import export as export_mod
+from perflab.grading import pipeline, sandbox
 from perflab.grading.state import State
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "grading"))
@@ -34,7 +35,17 @@ LAB = cases.LAB
 HIDDEN_TEXT = ("hidden: large values that cancel", "hidden: fast_sum disagrees", "BEGIN HIDDEN TESTS")
 # Small limits keep the class inside the test budget: a cell gets 6 s, a submission 40 s.
 GRADE_ARGS = ["--wall", "40", "--cell-timeout", "6", "--memory-gb", "4", "--processes", "256",
-              "--solutions", str(SOLUTIONS)]
+              "--solutions", str(SOLUTIONS), *(["--unisolated"] if sandbox.isolation().kind == "none" else [])]
+
+
+def outside_targets() -> list[Path]:
+    """The grader's own files a submission must never write: its home, site-packages (a .pth there runs
+    in every later Python of the grader) and the checkout."""
+    import sysconfig
+
+    tag = f"perflab-writeout-{os.getpid()}"
+    return [Path.home() / f"{tag}.txt", Path(sysconfig.get_paths()["purelib"]) / f"{tag}.pth",
+            pipeline.REPO / "perflab" / f"{tag}.py"]
 
 
 def cli(*args: object) -> tuple[int, str]:
@@ -62,8 +73,9 @@ def graded(tmp_path_factory):
     other = course / "submitted" / "sol" / LAB / f"{LAB}.ipynb"
     forbidden = [course / "gradebook.db", other, root / "outside.txt"]
     release = course / "release" / LAB / f"{LAB}.ipynb"
+    outside = outside_targets()
     expected = cases.make_class(release, SOLUTIONS / LAB / f"{LAB}.ipynb", root / "class",
-                                port=server.getsockname()[1], forbidden=forbidden)
+                                port=server.getsockname()[1], forbidden=forbidden, outside=outside)
     download = root / "download.zip"
     with zipfile.ZipFile(download, "w") as zf:
         for path in sorted((root / "class").iterdir()):
@@ -78,11 +90,17 @@ def graded(tmp_path_factory):
     code, graded_out = cli("grade", "grade", "--course", course, "--jobs", "2", *GRADE_ARGS)
     print(f"graded {len(expected)} submissions in {time.perf_counter() - started:.0f} s")
     assert code == 0, graded_out
-    assert cli("grade", "feedback", "--course", course)[0] == 0
+    code, feedback_out = cli("grade", "feedback", "--course", course)
+    assert code == 0, feedback_out
     assert cli("grade", "export", "--course", course)[0] == 0
-    yield {"course": course, "expected": expected, "collected": collected, "graded": graded_out,
-           "server": server, "forbidden": forbidden, "before": before, "root": root}
-    server.close()
+    try:
+        yield {"course": course, "expected": expected, "collected": collected, "graded": graded_out,
+               "feedback": feedback_out, "server": server, "forbidden": forbidden, "before": before,
+               "root": root, "outside": outside}
+    finally:
+        server.close()
+        for path in outside:
+            path.unlink(missing_ok=True)
 
 
 def _grades(course: Path) -> dict:
@@ -118,6 +136,26 @@ def test_feedback_has_a_clear_line_for_each_and_never_a_hidden_test(graded):
         autograded = course / "autograded" / student / LAB / f"{LAB}.ipynb"
         if autograded.exists():
             assert not any(s in autograded.read_text() for s in HIDDEN_TEXT)
+
+
+def test_feedback_goes_on_past_notebooks_nbgrader_cannot_render(graded):
+    """Another lab's notebook and one with a pasted foreign cell: nbgrader cannot render either; each is
+    one line naming the student and the reason and a minimal page with its score, the class gets its pages."""
+    course, text = graded["course"], graded["feedback"]
+    problems = [line for line in text.splitlines() if line.startswith("feedback ")]
+    assert sorted(line.split(":")[0] for line in problems) == [f"feedback {LAB}/otherlab", f"feedback {LAB}/unrendered"]
+    assert all("MissingEntry: No such" in line for line in problems), problems
+    n = len(graded["expected"])
+    assert f"wrote {n} feedback page(s), 2 of them minimal" in text and "0 submission(s) got no page" in text
+    page = (course / "feedback" / "unrendered" / LAB / f"{LAB}.html").read_text(encoding="utf-8")
+    assert "Score: 10 / 10" in page
+
+
+def test_the_graders_own_files_are_out_of_reach(graded):
+    """The write-outside case tried the grader's home, site-packages and checkout: nothing is there."""
+    assert [p for p in graded["outside"] if p.exists()] == []
+    notebook = graded["course"] / "autograded" / "writeout" / LAB / f"{LAB}.ipynb"
+    assert notebook.read_text().count("refused ") == 3
 
 
 def test_gradebook_intact_and_nothing_escaped_the_sandbox(graded):
@@ -192,8 +230,13 @@ def test_a_run_killed_half_way_resumes_without_regrading(graded):
         proc.wait(timeout=60)
     first = {k: v for k, v in State.load(course).records.items() if k.startswith(f"{LAB}/late")}
     assert len(first) == 1
+    base = pipeline.sandbox_base()
+    left = [lock.with_suffix("") for lock in base.glob(f"{LAB}-*.lock")
+            if lock.read_text().split()[:1] == [str(proc.pid)]]  # the killed grader's work folders
     code, text = cli("grade", "grade", "--course", course, *late_args, *GRADE_ARGS)
     assert "graded 1 submission(s)" in text and "1 already graded" in text
+    for folder in left:
+        assert not folder.exists() and f"removed {folder}" in text, text
     after = State.load(course).records
     for key, record in first.items():
         assert after[key] == record  # not graded again
@@ -238,3 +281,19 @@ def test_a_fault_while_recording_one_submission_never_stops_the_batch(graded, mo
     assert "graded 1 submission(s) (0 could not be run), 2 already graded" in text, text
     after = State.load(course).records
     assert after[f"{LAB}/boom1"] == boom and after[f"{LAB}/boom2"].score == 0
+
+
+@pytest.mark.skipif(sandbox._isolation("userns").kind != "userns", reason="no user namespaces here")
+def test_the_write_outside_probe_is_refused_under_userns_too(graded, monkeypatch):
+    """The same case graded again with `userns` (the grader's own uid; as root, asked for by
+    $PERFLAB_SANDBOX_KIND): only the read-only mounts stand between it and the grader's files.
+    Last in this file: it grades one submission a second time."""
+    course = graded["course"]
+    monkeypatch.setenv(sandbox.KIND_ENV, "userns")
+    code, text = cli("grade", "grade", "--course", course, "--student", "writeout", "--force", *GRADE_ARGS)
+    assert code == 0 and "graded 1 submission(s)" in text, text
+    record = State.load(course).records[f"{LAB}/writeout"]
+    assert record.isolation == "userns" and record.score == 10
+    assert [p for p in graded["outside"] if p.exists()] == []
+    notebook = course / "autograded" / "writeout" / LAB / f"{LAB}.ipynb"
+    assert notebook.read_text().count("refused ") == 3
