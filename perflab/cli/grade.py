@@ -146,5 +146,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:13s}{len(keys):4d}  {' '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
         print("\n".join(sandbox.describe()))
         if sandbox.isolation().kind == "none":
-            print("grading    refused here unless `perflab grade grade --unisolated` (or in the container)")
+            print("grading      refused here unless `perflab grade grade --unisolated` (or in the container)")
     return 0
