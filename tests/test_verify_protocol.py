@@ -44,10 +44,17 @@ def test_known_2x_passes_and_known_1x_does_not():
     ("cache", "cached_outputs"),
     ("nan_loss", "loss_not_finite"),
     ("defer_thread", "deferred_work"),
+    # Honest through the gate, then less work in the timed steps: held to the loss trajectory there.
+    ("forward_after_gate", "loss_mismatch"),
+    ("skip_every_other_update", "loss_mismatch"),
+    ("frozen_optimizer", "loss_mismatch"),
+    ("shrink_after_warmup", "loss_mismatch"),
 ])
 def test_cheats_are_caught_with_a_named_reason(name, code):
     v = _verify(name)
     assert (v.outcome, v.code) == ("fail", code), v.describe()
+    if name in ("forward_after_gate", "skip_every_other_update", "frozen_optimizer", "shrink_after_warmup"):
+        assert "(timed steps)" in v.reason and "every timed step" in v.reason, v.reason
 
 
 def test_a_student_baseline_is_never_timed():

@@ -19,7 +19,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
-from perflab.verify.tolerance import LOSS_TOLERANCE, LOSS_TRAJECTORY_RTOL  # noqa: E402
+from perflab.verify.tolerance import LOSS_TOLERANCE, LOSS_TRAJECTORY_RTOL, STUDENT_TRAJECTORY_RTOL  # noqa: E402
 
 # How many fixed-seed steps each side runs before timing: they warm up (compile, autotune, caches)
 # and feed the correctness gate.
@@ -177,8 +177,9 @@ def _median(values: list[float]) -> float:
 
 
 def _compare_outputs(a: Side, b: Side, start: int, stop: int, rtol: float | None, atol: float,
-                     phase: str) -> list[dict[str, str]]:
-    """Same samples, finite losses, and (unless `rtol` is None) close losses for steps [start, stop)."""
+                     phase: str, trajectory_rtol: float = LOSS_TRAJECTORY_RTOL) -> list[dict[str, str]]:
+    """Same samples, finite losses, and (unless `rtol` is None) close losses for steps [start, stop):
+    within `rtol` at the first step, within the larger of `rtol` and `trajectory_rtol` after it."""
     for k in range(start, stop):
         if not math.isfinite(b.losses[k]):
             return [_problem("loss_not_finite", f"the candidate's loss at step {k + 1} is {b.losses[k]}")]
@@ -189,11 +190,14 @@ def _compare_outputs(a: Side, b: Side, start: int, stop: int, rtol: float | None
             return [_problem("samples_differ", f"at step {k + 1} ({phase}) the candidate consumed {what} "
                                                "than the reference: it must train on exactly the same data")]
         diff = abs(a.losses[k] - b.losses[k])
-        tol = None if rtol is None else atol + (rtol if k == 0 else max(rtol, LOSS_TRAJECTORY_RTOL)) * abs(a.losses[k])
+        tol = None if rtol is None else atol + (rtol if k == 0 else max(rtol, trajectory_rtol)) * abs(a.losses[k])
         if tol is not None and diff > tol:
+            why = ("it computes something else" if k < GATE_STEPS else
+                   "it did not do the reference's training work in every timed step (a skipped backward or "
+                   "update, a frozen optimizer, fewer samples than it reports)")
             return [_problem("loss_mismatch", f"at step {k + 1} ({phase}) the candidate's loss {b.losses[k]:.6g} "
                                               f"differs from the reference's {a.losses[k]:.6g} by {diff:.3g}, "
-                                              f"more than rounding explains ({tol:.3g}): it computes something else")]
+                                              f"more than rounding explains ({tol:.3g}): {why}")]
     return []
 
 
@@ -377,12 +381,15 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     out["gate"] = {"steps": GATE_STEPS, "dtype": dtype, "rtol": rtol, "atol": atol,
                    "baseline_losses": list(a.losses), "candidate_losses": list(b.losses),
                    "baseline_step_seconds": list(a.step_seconds), "candidate_step_seconds": list(b.step_seconds)}
-    # Student code is held to the loss trajectory of every gate step. A configuration runs perflab's
-    # own step with other knobs, so only its first loss (the same model on the same samples) is
-    # compared: past it the losses follow the updates, and on a small workload SGD turns rounding into
-    # chaos (see LOSS_TRAJECTORY_RTOL), which would fail an honest precision or layout change.
-    compared = GATE_STEPS if cand_side.is_student_code else 1
-    problems.extend(_compare_outputs(a, b, 0, compared, rtol, atol, "correctness check"))
+    # Student code is held to the loss trajectory of every step, the gate's here and the timed ones after
+    # timing (STUDENT_TRAJECTORY_RTOL). A configuration runs perflab's own step with other knobs, so
+    # only its first loss (the same model on the same samples) is compared: past it the losses follow
+    # the updates, and on a small workload SGD turns rounding into chaos (see LOSS_TRAJECTORY_RTOL),
+    # which would fail an honest precision or layout change.
+    student = cand_side.is_student_code
+    trajectory_rtol = STUDENT_TRAJECTORY_RTOL[dtype] if student else LOSS_TRAJECTORY_RTOL
+    compared = GATE_STEPS if student else 1
+    problems.extend(_compare_outputs(a, b, 0, compared, rtol, atol, "correctness check", trajectory_rtol))
     problems.extend(_compare_outputs(a, b, compared, GATE_STEPS, None, atol, "correctness check"))
     problems.extend(_cached(a, b, GATE_STEPS))
     if problems or tampering("during the warm-up steps"):
@@ -423,11 +430,15 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if tampering("during timing"):
         return out
     n = min(len(a.losses), len(b.losses))
-    # Past the gate the two trajectories may drift apart (see LOSS_TRAJECTORY_RTOL): only the samples,
-    # finiteness and fresh (not repeated) losses are checked.
-    problems.extend(_compare_outputs(a, b, GATE_STEPS, n, None, atol, "timed steps"))
+    # Both sides ran the same steps on the same samples (A's step k against B's step k). Student code
+    # must have done the reference's work in every one of them: its losses are held to the trajectory.
+    # A configuration's may drift apart (see LOSS_TRAJECTORY_RTOL): only the samples, finiteness and
+    # fresh (not repeated) losses are checked.
+    # Repeated losses first: they say more precisely what a cache does than the trajectory it leaves.
     problems.extend(_cached(a, b, n))
-    if cand_side.is_student_code:
+    problems.extend(_compare_outputs(a, b, GATE_STEPS, n, rtol if student else None, atol, "timed steps",
+                                     trajectory_rtol))
+    if student:
         problems.extend(_deferred(a, b, setup_b - setup_a, m))
     problems.extend(_events_exceeding_walls(a, b))
     # Again at the end, for the modules the run imported (a file changed after the first check).
