@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-mystery bench-grade labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-mystery bench-grade gpu-check labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ bench-verify: setup  ## accuracy study of the speedup-verification protocol (pri
 
 bench-mystery: setup  ## what lab 1's planted bugs cost, and each id's fix re-measured by perflab.verify
 	$(PYTHON) bench/bench_mystery.py
+
+gpu-check: setup  ## the kit on a GPU in one call (8 min): env, profiles, calibration, lazy/reference judges, CUDA tests: make gpu-check [ARGS="--device cpu --mode tiny"]
+	$(PYTHON) bench/gpu_check.py $(ARGS)
 
 bench-grade: setup  ## grading throughput: serial, local pool, Ray
 	$(PYTHON) bench/bench_grade.py

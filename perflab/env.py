@@ -247,24 +247,58 @@ def run_mode() -> str:
 
 # Grade mode's workload (data, image side, batch) per lab and device kind, where that lab's technique
 # shows on that device (docs/DESIGN.md, "Workloads where the lesson is true"); a lab or device not
-# listed grades at the base grade sizes above. Measured on a 2-core AVX-512-BF16 CPU, ResNet-18
-# training steps: at 32 px, batch 8, framework overhead hides everything (bf16 0.99x, channels_last
-# 0.82x); at 64 px, batch 32, bf16 autocast gains 1.6x on the verifier's one thread (1.4x on two),
-# about 0.2 s a step, so a verification stays well under a minute. Lab 2 trains on the photo set, whose
-# photograph-sized JPEGs cost 1.8 ms each to decode and crop: at 32 px, batch 16, a third of the step
-# is loading, and 2 loader workers beside the verifier's one training thread gain 1.43x (on the small
-# set's 80 px JPEGs, with two training threads, workers only cost time: 0.87-0.91x). `perflab calibrate`
-# measures each lab's pair at these same sizes.
+# listed grades at the base grade sizes above.
+#
+# CPU, measured on a 2-core AVX-512-BF16 CPU, ResNet-18 training steps: at 32 px, batch 8, framework
+# overhead hides everything (bf16 0.99x, channels_last 0.82x); at 64 px, batch 32, bf16 autocast gains
+# 1.6x on the verifier's one thread (1.4x on two), about 0.2 s a step, so a verification stays well under
+# a minute. Lab 2 trains on the photo set, whose photograph-sized JPEGs cost 1.8 ms each to decode and
+# crop: at 32 px, batch 16, a third of the step is loading, and 2 loader workers beside the verifier's one
+# training thread gain 1.43x (on the small set's 80 px JPEGs, with two training threads, workers only
+# cost time: 0.87-0.91x). `perflab calibrate` measures each lab's pair at these same sizes.
+#
+# CUDA, from an H100 80GB (docs/DESIGN.md has the table): at 224 px, batch 128, the fp32 baseline with no
+# loader workers waits on its loader 84% of its 340 ms step, so lab 2 keeps that starved baseline (4
+# workers: 12.8x) and every other lab starts fed (`baseline_loader`), where bf16 and channels_last give
+# 2.2x and checkpointing saves 40% of the activations (2.84 GB to 1.71 GB). Labs 3-6 train on the full
+# set there: 78 batches of 128 an epoch, so the loader's restart at an epoch's end is one step in 78, not
+# one in 7 as on the small set.
 GRADE_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
-    "lab02_feed": {"cpu": ("photo", 32, 16)},
-    "lab03_amp": {"cpu": ("small", 64, 32)},
-    "lab06_together": {"cpu": ("small", 64, 32)},
+    "lab02_feed": {"cpu": ("photo", 32, 16), "cuda": ("small", 224, 128)},
+    "lab03_amp": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
+    "lab04_memory": {"cuda": ("full", 224, 128)},
+    "lab05_compile": {"cuda": ("full", 224, 128)},
+    "lab06_together": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
 }
 # Laptop mode's own workloads, the same way: lab 2 loads photograph-sized JPEGs wherever it runs, so
-# that what it teaches (a loader that keeps the model waiting) is what the student measures.
+# that what it teaches (a loader that keeps the model waiting) is what the student measures. On a GPU
+# (where full mode is the default) laptop mode is the short version of full: the small set at 128 px.
 LAPTOP_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
     "lab02_feed": {"cpu": ("photo", 32, 16), "mps": ("photo", 64, 32), "cuda": ("photo", 64, 32)},
+    "lab03_amp": {"cuda": ("small", 128, 64)},
+    "lab04_memory": {"cuda": ("small", 128, 64)},
+    "lab05_compile": {"cuda": ("small", 128, 64)},
+    "lab06_together": {"cuda": ("small", 128, 64)},
 }
+# The labs whose baseline on a GPU is lab 2's answer (a fed loader), so that what they teach is not
+# hidden behind data loading; lab 2 itself starts starved, its lesson being the loader.
+FED_LABS = ("lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
+# Loader workers of a fed baseline: the H100's 16 cores fed 224 px batches of 128 with 8; one core
+# stays with the training process.
+FED_WORKERS = 8
+
+
+def baseline_loader(lab: str | None, device: str | None = None, mode: str | None = None) -> dict[str, Any]:
+    """The loader knobs (`TrainConfig` fields) of `lab`'s baseline on `device` (a device type; default the
+    best here): on CUDA, labs in FED_LABS start from lab 2's answer (workers, pinned memory, persistent
+    workers, augmentation on the GPU); everywhere else, and in tiny mode, the plain loader ({})."""
+    kind = str(device or pick_device().type).split(":")[0]
+    if kind != "cuda" or lab not in FED_LABS or (mode or run_mode()) == "tiny":
+        return {}
+    workers = max(1, min(FED_WORKERS, usable_cores() - 1))
+    return {"num_workers": workers, "pin_memory": True, "persistent_workers": True, "gpu_augment": True}
+
+
 _LAB_WORKLOADS = {"grade": GRADE_WORKLOADS, "laptop": LAPTOP_WORKLOADS}
 
 

@@ -170,7 +170,8 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
     """
     s = sizes(mode)
     return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size,
-                       device=str(env.pick_device()), threads=TINY_THREADS if s.mode == "tiny" else None)
+                       device=str(env.pick_device()), threads=TINY_THREADS if s.mode == "tiny" else None,
+                       **env.baseline_loader(LAB, mode=s.mode))
 
 
 def low_precisions(device_type: str) -> list[str]:

@@ -166,7 +166,7 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
     """The plain training run this lab measures and the grader times, on the best device here."""
     s = sizes(mode)
     return TrainConfig(data=s.data, batch_size=s.batch_size, image_size=s.image_size,
-                       device=str(env.pick_device()))
+                       device=str(env.pick_device()), **env.baseline_loader(LAB, mode=s.mode))
 
 
 def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:

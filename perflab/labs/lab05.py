@@ -268,7 +268,8 @@ def graded_workload(mode: str | None = None, device: torch.device | str | None =
 def resnet_config(mode: str | None = None) -> TrainConfig:
     """The ResNet-18 baseline of `mode` (eager), on the best device."""
     s = env.mode_sizes(mode, lab=LAB)
-    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, device=str(env.pick_device()))
+    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, device=str(env.pick_device()),
+                       **env.baseline_loader(LAB, mode=s.mode))
 
 
 # ---------------------------------------------------------------------------------------------

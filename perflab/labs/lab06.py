@@ -166,7 +166,8 @@ def sizes(mode: str | None = None) -> LabSizes:
 def baseline_config(mode: str | None = None) -> TrainConfig:
     """The configuration every lab starts from: fp32, no loader workers, nothing compiled."""
     s = sizes(mode)
-    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size)
+    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size,
+                       **env.baseline_loader(LAB, mode=s.mode))
 
 
 # ---------------------------------------------------------------------------------------------

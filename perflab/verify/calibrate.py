@@ -78,13 +78,14 @@ def lab_pairs(mode: str = "grade") -> dict[str, tuple[Any, Any]]:
 
 
 def baseline_config(mode: str = "grade", device: str | None = None, lab: str | None = None) -> Any:
-    """The lab baseline at `mode`'s sizes (`lab`'s own in grade and laptop mode): the plain fp32 loop, no
-    loader workers."""
+    """The lab baseline at `mode`'s sizes (`lab`'s own in grade and laptop mode): the plain fp32 loop, with
+    no loader workers, or on a GPU lab 2's answer where `lab` starts fed (`env.baseline_loader`)."""
     from perflab import env
     from perflab.workload import TrainConfig
 
     sizes = env.mode_sizes(mode, lab=lab, device=device)
-    return TrainConfig(data=sizes.data, image_size=sizes.image_size, batch_size=sizes.batch_size, device=device)
+    return TrainConfig(data=sizes.data, image_size=sizes.image_size, batch_size=sizes.batch_size, device=device,
+                       **env.baseline_loader(lab, device, mode))
 
 
 def available(names: Sequence[str] | None, device: str | None = None) -> list[str]:

@@ -1,0 +1,323 @@
+"""The kit on a GPU in one call: `make gpu-check` (or `python bench/gpu_check.py`).
+
+Runs, in one go and within a time budget (default 8 minutes):
+  env        `perflab env`: the machine and its hardware class
+  data       the data sets the checks train on (the full set on a GPU), with their build times
+  profile    `perflab profile` at the full-mode workload, fp32 as it starts and optimized (the labs'
+             answers: a fed loader, bf16, channels_last), throughput over wall time beside the median step
+  calibrate  `perflab calibrate` for this hardware class, written to the output folder (commit it to
+             autograder/expectations/ once it looks right)
+  judges     each verified lab's reference and lazy choice through the grader's own judges at this
+             device's grade workloads
+  tests      the CUDA-only tests (`pytest -m gpu`)
+and writes `gpu_check.json` (schema below and in the README) and a short text table, `gpu_check.txt`.
+A step that fails or runs out of time is recorded as such; the others still run.
+
+On a CPU (`--device cpu --mode tiny`) it runs the same code at tiny sizes: the test suite does, so it
+cannot rot between GPU runs.
+
+JSON (`"schema": "perflab.gpu_check", "version": 1`): machine (MachineInfo), mode, budget_seconds,
+seconds; steps {name: {"ok", "seconds", "error"?, "skipped"?}}; data {size: {"seconds", "built"}};
+profiles {"fp32"|"optimized": {"config", "samples_per_s" (over wall time), "median_step_samples_per_s",
+"median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization"}}; calibration
+{"path", "hardware_class", "entries": {name: {"kind", "reference", "reference_low", "threshold"}}};
+labs {lab: {"workload", "reference": MARK, "lazy": MARK}} with MARK {"fraction", "verdict", "speedup",
+"ci", "message"}; tests {"returncode", "summary"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA, VERSION = "perflab.gpu_check", 1
+# The checks' own budget: a GPU is lent for minutes, and a check that overruns loses everything.
+DEFAULT_BUDGET_SECONDS = 480
+# Seconds each step needs at least to be started (a step that cannot finish is skipped and said so).
+STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "judges": 30, "calibrate": 60, "tests": 20}
+# The CUDA-only tests (marked `gpu` by tests/conftest.py); files, so that nothing else is collected.
+GPU_TEST_FILES = ("tests/test_verify_cuda_events.py", "tests/test_timing.py", "tests/test_memory.py",
+                  "tests/test_tracing.py", "tests/test_lab04.py")
+# Optimisations calibrated by default on a GPU, cheapest first: a run cut short keeps the others.
+CUDA_CALIBRATION = ("amp_bf16", "channels_last", "num_workers", "checkpoint", "amp_fp16", "compile")
+
+
+def _cuda_calibration() -> list[str]:
+    from perflab.verify import calibrate
+
+    return [*CUDA_CALIBRATION, *calibrate.lab_names()]
+
+
+def _mark_dict(mark: Any) -> dict[str, Any]:
+    verdict = mark.verdict or {}
+    return {"fraction": mark.fraction, "verdict": verdict.get("verdict"), "speedup": verdict.get("speedup"),
+            "ci": verdict.get("ci"), "message": mark.message}
+
+
+class Check:
+    """The run: its steps, its clock, and the document it writes after every step (nothing is lost)."""
+
+    def __init__(self, out: Path, budget: float, device: str, mode: str) -> None:
+        self.out, self.budget, self.device, self.mode = out, budget, device, mode
+        self.start = time.perf_counter()
+        self.doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION, "device": device, "mode": mode,
+                                    "budget_seconds": budget, "started": dt.datetime.now(dt.UTC).isoformat(),
+                                    "steps": {}}
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.start)
+
+    def step(self, name: str, fn: Callable[[], Any]) -> None:
+        record: dict[str, Any] = {"ok": False}
+        self.doc["steps"][name] = record
+        if self.left() < STEP_MINIMUM.get(name, 10):
+            record.update(skipped=True, error=f"not started: {self.left():.0f} s of the budget left")
+            print(f"[gpu-check] {name}: skipped ({record['error']})", flush=True)
+            self.save()
+            return
+        print(f"[gpu-check] {name} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            fn()
+            record["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - one failed step must not lose the others
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["traceback"] = traceback.format_exc().strip().splitlines()[-6:]
+            print(f"[gpu-check] {name} failed: {record['error']}", flush=True)
+        record["seconds"] = round(time.perf_counter() - t0, 2)
+        self.save()
+
+    def save(self) -> None:
+        self.doc["seconds"] = round(time.perf_counter() - self.start, 2)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_check.json").write_text(json.dumps(self.doc, indent=1, default=str) + "\n",
+                                                 encoding="utf-8")
+        (self.out / "gpu_check.txt").write_text(table(self.doc) + "\n", encoding="utf-8")
+
+
+def run_env(check: Check) -> None:
+    from perflab import env
+
+    info = env.machine_info(check.device)
+    check.doc["machine"] = info.to_dict()
+    print(info.describe(), flush=True)
+
+
+def _sizes_needed(mode: str, device: str) -> list[str]:
+    from perflab import env
+
+    labs = ("lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
+    sizes = {env.mode_sizes(mode, lab=lab, device=device).data for lab in labs}
+    sizes.add(profile_config(check_mode=mode, device=device).data)
+    return sorted(sizes)
+
+
+def run_data(check: Check) -> None:
+    from perflab import dataset
+
+    check.doc["data"] = {}
+    for size in _sizes_needed(check.mode, check.device):
+        t0 = time.perf_counter()
+        built = not dataset.is_built(size)
+        dataset.build(size, progress=False)
+        check.doc["data"][size] = {"seconds": round(time.perf_counter() - t0, 2), "built": built}
+
+
+def profile_config(*, check_mode: str, device: str) -> Any:
+    """The full-mode workload (tiny sizes in tiny mode) as `perflab profile` starts it: fp32, no workers."""
+    from perflab import env
+    from perflab.workload import TrainConfig
+
+    sizes = env.mode_sizes("tiny" if check_mode == "tiny" else "full")
+    return TrainConfig(data=sizes.data, image_size=sizes.image_size, batch_size=sizes.batch_size, device=device)
+
+
+def optimized_config(base: Any, device: str) -> Any:
+    """The labs' answers together: a fed loader (on a GPU), bf16 where autocast runs it, channels_last."""
+    import torch
+
+    from perflab import env
+
+    loader = env.baseline_loader("lab06_together", device, "full") if device == "cuda" else {}
+    amp = "bf16" if env.supports_autocast(device, torch.bfloat16) else None
+    return base.replace(amp_dtype=amp, channels_last=True, **loader)
+
+
+def run_profile(check: Check, steps: tuple[int, int]) -> None:
+    from perflab.training_profile import ProfilePlan, profile_training
+
+    base = profile_config(check_mode=check.mode, device=check.device)
+    check.doc["profiles"] = {}
+    for name, config, n in (("fp32", base, steps[0]), ("optimized", optimized_config(base, check.device), steps[1])):
+        result = profile_training(config, ProfilePlan.for_steps(n), peak=False)
+        rate = result.rate
+        peak = result.peaks.peak_flops(result.roofline_dtype)
+        check.doc["profiles"][name] = {
+            "config": config.to_dict(), "steps": rate.steps, "samples_per_s": rate.samples_per_second,
+            "median_step_samples_per_s": rate.median_samples_per_second, "median_step_s": rate.median_step,
+            "mean_step_s": rate.wall_seconds / rate.steps, "stall": rate.stall_line(),
+            "batches_per_epoch": result.batches_per_epoch, "phases": dict(result.phases.seconds),
+            "mfu": result.achieved_flops_per_s / peak if peak else None,
+            "gpu_utilization": result.gpu_utilization.mean, "bottleneck": result.diagnosis.to_dict()}
+        print("\n".join(f"  {name}: {line}" for line in rate.describe()), flush=True)
+        check.save()
+
+
+def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: int) -> None:
+    from perflab.verify import calibrate, expectations
+
+    chosen = calibrate.available(names, check.device)
+    path = calibrate.calibrate(chosen, repeats=repeats, mode=check.mode, device=check.device, pairs=pairs,
+                               out_dir=check.out / "expectations")
+    doc = expectations.load_file(path)
+    check.doc["calibration"] = {
+        "path": str(path), "hardware_class": path.stem,
+        "entries": {name: {k: entry.get(k) for k in ("kind", "reference", "reference_low", "threshold")}
+                    for name, entry in doc["optimisations"].items()}}
+
+
+def _observe_plain(config: Any) -> dict[str, Any]:
+    return {"config": config.to_dict(), "claim": None}
+
+
+def _observe_final(config: Any) -> dict[str, Any]:
+    return {"final": {"config": config.to_dict()}, "claim": None}
+
+
+def lab_choices(mode: str) -> dict[str, tuple[Any, Callable[..., Any], Callable[[Any], dict], Any, Any]]:
+    """{lab: (module, the grader's judge of its re-measured cell, observe, reference choice, lazy choice)}."""
+    from perflab.labs import lab02, lab03, lab06
+    from perflab.labs.hidden import lab02 as hidden02
+    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.hidden import lab06 as hidden06
+
+    return {
+        lab02.LAB: (lab02, hidden02.judge_best_verified, _observe_plain, lab02.reference_best(mode),
+                    lab02.baseline_config(mode)),
+        lab03.LAB: (lab03, hidden03.judge_verified, _observe_plain, lab03.reference_best(mode),
+                    lab03.baseline_config(mode)),
+        lab06.LAB: (lab06, hidden06.judge_final_verified, _observe_final, lab06.reference_final(mode),
+                    lab06.baseline_config(mode)),
+    }
+
+
+def run_judges(check: Check) -> None:
+    """The grader's judges, reading the bars this check calibrated (where it did) like a grader here would."""
+    import contextlib
+
+    from perflab.verify import calibrate
+
+    folder = check.out / "expectations"
+    calibrated = check.doc["steps"].get("calibrate", {}).get("ok") and folder.is_dir()
+    with calibrate._reading_expectations_from(folder) if calibrated else contextlib.nullcontext():
+        _judge_labs(check)
+
+
+def _judge_labs(check: Check) -> None:
+    from perflab.grading.judging import Context
+
+    check.doc["labs"] = {}
+    for lab, (_module, judge, observe, reference, lazy) in lab_choices(check.mode).items():
+        row: dict[str, Any] = {"workload": {k: getattr(lazy, k) for k in (
+            "data", "image_size", "batch_size", "num_workers", "pin_memory", "persistent_workers", "gpu_augment")}}
+        for name, choice in (("lazy", lazy), ("reference", reference)):
+            row[name] = _mark_dict(judge(observe(choice), Context(lab, 0, check.mode)))
+            print(f"  {lab} {name}: {row[name]['fraction']:.2f} {row[name]['message'][:140]}", flush=True)
+        check.doc["labs"][lab] = row
+        check.save()
+
+
+def run_tests(check: Check) -> None:
+    files = [f for f in GPU_TEST_FILES if (ROOT / f).exists()]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
+                          cwd=ROOT, capture_output=True, text=True, timeout=max(30, check.left()))
+    lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+    check.doc["tests"] = {"returncode": proc.returncode, "summary": lines[-1] if lines else proc.stderr[-300:]}
+    # 5: every selected test was deselected (no CUDA test here); no failure either.
+    if proc.returncode not in (0, 5):
+        raise RuntimeError(f"pytest -m gpu: {check.doc['tests']['summary']}")
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The short text table: steps, throughput, the labs' reference and lazy marks, the calibration."""
+    machine = doc.get("machine", {})
+    lines = [f"gpu-check on {machine.get('device_name', doc['device'])} ({machine.get('hardware_class', '?')}), "
+             f"mode {doc['mode']}, {doc.get('seconds', 0):.0f} s of {doc['budget_seconds']:.0f}"]
+    lines.append("steps: " + ", ".join(
+        f"{name} {'ok' if r.get('ok') else ('skipped' if r.get('skipped') else 'FAILED')} ({r.get('seconds', 0):.0f} s)"
+        for name, r in doc["steps"].items()))
+    for name, p in doc.get("profiles", {}).items():
+        lines.append(f"profile {name:9s} {p['samples_per_s']:10,.1f} samples/s over wall time, "
+                     f"{p['median_step_samples_per_s']:10,.1f} at the median step ({p['steps']} steps)"
+                     + (f"; {p['stall']}" if p.get("stall") else ""))
+    if doc.get("labs"):
+        lines.append(f"{'lab':16s} {'workload':24s} {'reference':>30s} {'lazy':>8s}")
+        for lab, row in doc["labs"].items():
+            w, ref, lazy = row["workload"], row["reference"], row["lazy"]
+            load = f"{w['data']} {w['image_size']}px b{w['batch_size']} w{w['num_workers']}"
+            lines.append(f"{lab:16s} {load:24s} {_fmt(ref['speedup'], '.2f'):>6s}x {ref['verdict'] or '-':>10s} "
+                         f"{ref['fraction']:5.2f} pts {lazy['fraction']:8.2f}")
+    for name, e in doc.get("calibration", {}).get("entries", {}).items():
+        lines.append(f"calibrated {name:16s} {e['kind'] or '-':>7s} reference {_fmt(e['reference'], '.3f')} "
+                     f"bar {_fmt(e['threshold'], '.3f')}")
+    if doc.get("tests"):
+        lines.append(f"CUDA tests: {doc['tests']['summary']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--device", default=None, help="cuda (default where present) or cpu")
+    p.add_argument("--mode", default=None, choices=("grade", "tiny"),
+                   help="sizes: grade (the device's grade workloads; default) or tiny (the kit's own tests)")
+    p.add_argument("--out", type=Path, default=ROOT / "gpu-check", help="folder for gpu_check.json/.txt")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_SECONDS, help="seconds for the whole check")
+    p.add_argument("--calibrate", action="append", metavar="NAME",
+                   help="an optimisation to calibrate (repeatable; default on a GPU: " + ", ".join(CUDA_CALIBRATION) + ")")
+    p.add_argument("--repeats", type=int, default=2, help="calibration runs per optimisation")
+    p.add_argument("--pairs", type=int, default=8, help="timed block pairs per calibration run")
+    p.add_argument("--profile-steps", type=int, nargs=2, default=(30, 160), metavar=("FP32", "OPTIMIZED"),
+                   help="timed steps of the two profiles (the optimized one spans two epochs of the full set)")
+    p.add_argument("--skip", action="append", default=[], choices=tuple(STEP_MINIMUM), help="leave a step out")
+    args = p.parse_args(argv)
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mode = args.mode or "grade"
+    os.environ["PERFLAB_MODE"] = mode
+    check = Check(args.out, args.budget, device, mode)
+    names = args.calibrate or (_cuda_calibration() if device == "cuda" else None)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("env", lambda: run_env(check)),
+        ("data", lambda: run_data(check)),
+        ("profile", lambda: run_profile(check, tuple(args.profile_steps))),
+        ("calibrate", lambda: run_calibrate(check, names, args.repeats, args.pairs)),
+        ("judges", lambda: run_judges(check)),
+        ("tests", lambda: run_tests(check)),
+    ]
+    for name, fn in steps:
+        if name not in args.skip:
+            check.step(name, fn)
+    check.save()
+    print("\n" + table(check.doc), flush=True)
+    print(f"\nwrote {check.out / 'gpu_check.json'} and {check.out / 'gpu_check.txt'}", flush=True)
+    return 0 if all(r.get("ok") for r in check.doc["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

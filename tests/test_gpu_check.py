@@ -1,0 +1,58 @@
+"""The one-call GPU check (bench/gpu_check.py) runs on a CPU at tiny sizes, so it cannot rot between GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cpu_check(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--mode", "tiny", "--out", str(out),
+         "--calibrate", "amp_bf16", "--repeats", "1", "--pairs", "4", "--profile-steps", "3", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "gpu_check.json").read_text(encoding="utf-8"))
+    doc["_text"] = (out / "gpu_check.txt").read_text(encoding="utf-8")
+    doc["_out"] = str(out)
+    return doc
+
+
+def test_every_step_runs_and_says_so(cpu_check):
+    assert (cpu_check["schema"], cpu_check["version"]) == ("perflab.gpu_check", 1)
+    assert list(cpu_check["steps"]) == ["env", "data", "profile", "calibrate", "judges", "tests"]
+    assert all(step["ok"] for step in cpu_check["steps"].values()), cpu_check["steps"]
+    assert cpu_check["machine"]["device"] == "cpu" and cpu_check["seconds"] < cpu_check["budget_seconds"]
+
+
+def test_profiles_state_wall_throughput_beside_the_median_step(cpu_check):
+    for name in ("fp32", "optimized"):
+        p = cpu_check["profiles"][name]
+        assert p["samples_per_s"] > 0 and p["median_step_samples_per_s"] > 0 and p["steps"] == 3
+        batch = p["config"]["batch_size"]
+        assert p["samples_per_s"] == pytest.approx(batch / p["mean_step_s"])
+    assert cpu_check["profiles"]["optimized"]["config"]["channels_last"]
+
+
+def test_the_calibration_is_written_to_the_output_folder_not_the_kits(cpu_check):
+    cal = cpu_check["calibration"]
+    assert Path(cal["path"]).parent == Path(cpu_check["_out"]) / "expectations"
+    assert "amp_bf16" in cal["entries"]
+
+
+def test_each_verified_lab_has_its_reference_and_lazy_mark(cpu_check):
+    assert set(cpu_check["labs"]) == {"lab02_feed", "lab03_amp", "lab06_together"}
+    for lab, row in cpu_check["labs"].items():
+        assert "no change" in row["lazy"]["message"], (lab, row["lazy"])
+        assert 0.0 <= row["reference"]["fraction"] <= 1.0 and row["workload"]["data"] == "tiny"
+    assert "lab03_amp" in cpu_check["_text"] and "samples/s over wall time" in cpu_check["_text"]
