@@ -65,9 +65,12 @@ def _sync() -> None:
 class Side:
     """One built side: its step function and what it produced."""
 
-    def __init__(self, name: str, step: Any) -> None:
+    def __init__(self, name: str, step: Any, lead_in: int = 0) -> None:
         self.name = name
         self.step = step
+        # Untimed steps before each timed block: the batches this side's loader workers prefetched while
+        # the other side's block ran, which a block would otherwise take from the queue at no cost.
+        self.lead_in = lead_in
         self.losses: list[float] = []
         self.indices: list[list[int]] = []
         self.step_seconds: list[float] = []
@@ -110,7 +113,10 @@ class Side:
         return seconds, (float(CLOCKS.elapsed_time(start_ev, end_ev)) if use_events else None)
 
     def time_block(self, steps: int) -> float:
-        """One timed block of the protocol: its wall seconds and its event time kept side by side."""
+        """One timed block of the protocol, after the side's untimed lead-in: its wall seconds and its
+        event time kept side by side."""
+        if self.lead_in:
+            self.run(self.lead_in)
         seconds, event_ms = self.run(steps)
         self.block_seconds.append(seconds)
         if event_ms is not None:
@@ -245,6 +251,14 @@ def _events_exceeding_walls(*sides: Side) -> list[dict[str, str]]:
     return []
 
 
+def _prefetched_batches(side: Any) -> int:
+    """Batches a configuration's DataLoader holds ready when its workers have run ahead: num_workers x
+    prefetch_factor (torch's default 2); 0 without workers or for a module (its loader is its own)."""
+    config = side.kwargs.get("config") or {}
+    workers = int(config.get("num_workers") or 0)
+    return workers * int(config.get("prefetch_factor") or 2) if workers > 0 else 0
+
+
 def _compiles(side: Any) -> bool:
     """Whether a reference side asks for torch.compile (a TrainConfig's compile_mode, or a factory's)."""
     return bool(side.kwargs.get("compile_mode") or side.kwargs.get("config", {}).get("compile_mode"))
@@ -330,7 +344,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     # The baseline is built from perflab before any student code exists in this process.
     base_factory = candidates.load_factory(base_side)
     t0 = clock()
-    a = Side("baseline", base_factory(seed, **base_side.kwargs))
+    a = Side("baseline", base_factory(seed, **base_side.kwargs), _prefetched_batches(base_side))
     setup_a = (clock() - t0) / 1e9
     # Its warm-up and gate steps too: every thread it needs exists afterwards.
     saved_a, peak_a = _gate(a, saved_hooks if job.get("activation_bytes") else None)
@@ -363,7 +377,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if tampering("when the candidate module was imported"):
         return out
     t0 = clock()
-    b = Side("candidate", cand_factory(seed, **cand_side.kwargs))
+    b = Side("candidate", cand_factory(seed, **cand_side.kwargs), _prefetched_batches(cand_side))
     setup_b = (clock() - t0) / 1e9
     out["setup_seconds"] = {"baseline": setup_a, "candidate": setup_b}
     if tampering("while the candidate was built"):
