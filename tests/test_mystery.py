@@ -172,7 +172,9 @@ def _events(step_us: list[float], data: float, backward: float, nodes: dict[str,
     return out
 
 
-def test_trace_answers_are_checked_against_the_graders_parse_of_the_same_trace() -> None:
+def test_trace_answers_are_checked_against_the_graders_parse_of_the_same_trace(monkeypatch) -> None:
+    # Hand-made events test the parse; whether a file is torch.profiler's is tested on real traces below.
+    monkeypatch.setattr(judges, "trace_not_genuine", lambda *args: None)
     events = _events([50_000, 70_000], data=48_000, backward=30_000,
                      nodes={"ConvolutionBackward0": 20_000, "AddmmBackward0": 500})
     facts = judges.trace_facts(events)
@@ -209,6 +211,89 @@ def test_the_trace_probe_reads_a_real_torch_profiler_trace(tmp_path, tiny_data) 
     assert facts.steps == 2 and facts.step_ms > 0 and 0 < facts.data_share < 1 and 0 < facts.backward_share < 1
     assert max(facts.backward_totals, key=facts.backward_totals.get).endswith("Backward0")
     assert json.loads(path.read_text())["traceEvents"]
+    assert judges.trace_not_genuine(lab01_mystery.trace_summary(path), mystery.for_student("alice", "tiny"), "tiny") is None
+
+
+def _profile(student: str, path: Path) -> Path:
+    import torch
+
+    step = mystery.for_student(student, "tiny").module().make_step(0)
+    with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            step()
+            prof.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_traces(tmp_path_factory, tiny_data) -> dict[str, Path]:
+    """torch.profiler's traces of two ids' planted pipelines with different planted ops (ivan: python_collate,
+    eval_accuracy, grad_histograms; judy: anomaly, batch_history, snapshot), cheap to profile."""
+    folder = tmp_path_factory.mktemp("traces")
+    return {student: _profile(student, folder / f"{student}.json") for student in ("ivan", "judy")}
+
+
+def _trace_mark(student: str, path: Path) -> judging.Mark:
+    obs = run_probes({"mystery_trace": lab01_mystery.PROBES["mystery_trace"]},
+                     {"TRACE_FILE": str(path), "TRACE_ANSWERS": _answers_of(path)}, 11)
+    return judging.judge_cell("mystery_trace", judges.JUDGES["mystery_trace"], _ctx(student, obs))
+
+
+def _answers_of(path: Path) -> dict[str, Any]:
+    """TRACE_ANSWERS computed from the file, as the reference notebook does (right for any file)."""
+    facts = judges.trace_facts(lab01_mystery.trace_events(path))
+    return {"step_ms": facts.step_ms, "data_share": facts.data_share, "backward_share": facts.backward_share,
+            "top_backward": max(facts.backward_totals, key=facts.backward_totals.get)}
+
+
+def test_only_torch_profilers_trace_of_the_students_own_pipeline_earns_the_trace_marks(real_traces, tmp_path):
+    """A real trace passes; a hand-written one (the issue's: five ProfilerStep#, the phase labels, one
+    backward node, the run label) and edited real ones fail with one line, whatever the answers."""
+    ivan = mystery.for_student("ivan", "tiny")
+    assert _trace_mark("ivan", real_traces["ivan"]).fraction == 1.0
+    assert _trace_mark("judy", real_traces["judy"]).fraction == 1.0
+
+    events, ts = [], 0
+    for k in range(5):
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k + 1}", "pid": 1, "tid": 1,
+                    "ts": ts, "dur": 100_000},
+                   {"ph": "X", "cat": "user_annotation", "name": "data", "pid": 1, "tid": 1, "ts": ts + 1, "dur": 40_000},
+                   {"ph": "X", "cat": "user_annotation", "name": f"run {ivan.run_id}", "pid": 1, "tid": 1,
+                    "ts": ts + 2, "dur": 39_000},
+                   {"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1, "ts": ts + 40_002,
+                    "dur": 20_000},
+                   {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": ts + 60_003,
+                    "dur": 30_000},
+                   {"ph": "X", "cat": "cpu_op", "name": lab01_mystery.CONV_NODE, "pid": 1, "tid": 1,
+                    "ts": ts + 60_004, "dur": 29_000}]
+        ts += 100_001
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({"traceEvents": events}))
+    real = json.loads(real_traces["ivan"].read_text())
+    forged_meta = tmp_path / "forged_meta.json"  # the same, under a real trace's metadata
+    forged_meta.write_text(json.dumps({**{k: v for k, v in real.items() if k != "traceEvents"},
+                                       "traceEvents": events + [e for e in real["traceEvents"]
+                                                               if e.get("ph") != "X" or e.get("cat") == "Trace"]}))
+    theirs = json.loads(real_traces["judy"].read_text())  # another id's real trace, relabelled as ivan's
+    judy_run = f"run {mystery.for_student('judy', 'tiny').run_id}"
+    for e in theirs["traceEvents"]:
+        if e.get("name") == judy_run:
+            e["name"] = f"run {ivan.run_id}"
+    relabelled = tmp_path / "relabelled.json"
+    relabelled.write_text(json.dumps(theirs))
+    shortened = json.loads(real_traces["ivan"].read_text())  # a step's duration edited to fit an answer
+    step = next(e for e in shortened["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#"))
+    step["dur"] = step["dur"] / 2
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(shortened))
+    stripped = tmp_path / "stripped.json"  # the real events without the profiler's metadata
+    stripped.write_text(json.dumps({"traceEvents": real["traceEvents"]}))
+    for path, why in ((forged, "metadata"), (forged_meta, "edited trace"), (relabelled, "another pipeline"),
+                      (edited, "edited trace"), (stripped, "metadata")):
+        mark = _trace_mark("ivan", path)
+        assert mark.fraction == 0.0 and "not torch.profiler's trace of your pipeline" in mark.message, (path, mark)
+        assert why in mark.message and "\n" not in mark.message, mark.message
 
 
 # ---------------------------------------------------------------------------------------------

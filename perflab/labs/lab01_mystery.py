@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import os
+import re
 import time
 import types
 import warnings
@@ -216,10 +217,18 @@ def check_fixed(fixed: str | os.PathLike[str], planted: str | os.PathLike[str] =
 # A trace as data (what the probe sends; the grader reads its own answers off it)
 
 
-def trace_events(path: str | os.PathLike[str]) -> list[list[Any]]:
-    """[name, ts, dur] of the complete events of a Chrome trace that the trace questions need: the
-    profiled steps, the pipeline's phase and run labels and the backward nodes."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+def load_trace(path: str | os.PathLike[str]) -> Any:
+    """A Chrome trace file's JSON document (None where it cannot be read as JSON)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def trace_events(path: str | os.PathLike[str] | dict[str, Any]) -> list[list[Any]]:
+    """[name, ts, dur] of the complete events of a Chrome trace (a file, or its loaded document) that the
+    trace questions need: the profiled steps, the pipeline's phase and run labels and the backward nodes."""
+    doc = path if isinstance(path, dict) else json.loads(Path(path).read_text(encoding="utf-8"))
     events = doc.get("traceEvents", doc) if isinstance(doc, dict) else doc
     out = []
     for event in events if isinstance(events, list) else []:
@@ -231,6 +240,79 @@ def trace_events(path: str | os.PathLike[str]) -> list[list[Any]]:
             if len(out) >= MAX_TRACE_EVENTS:
                 break
     return out
+
+
+# What torch.profiler writes at the top of every Chrome trace it exports (the grader checks them).
+PROFILER_META = ("schemaVersion", "deviceProperties", "trace_id", "baseTimeNanoseconds", "displayTimeUnit")
+# The ops a trace summary counts per profiled step: the model's convolutions, and ops that planted bugs
+# add or remove (histograms of the gradients, a tensor op per image row, the copies of a weight snapshot,
+# the default collate's stack).
+COUNTED_OPS = ("aten::convolution", "aten::histc", "aten::sub", "aten::clone", "aten::stack")
+CONV_NODE = BACKWARD_NODE + "ConvolutionBackward0"
+_TRACE_ID = re.compile(r"[0-9A-F]{32}")
+
+
+def trace_summary(path: str | os.PathLike[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """What the grader needs to believe a trace (a file, or its loaded document) is torch.profiler's
+    record of the pipeline, not a file written or edited by hand: the profiler's metadata, and per
+    profiled step the labels, ops and backward nodes nested in it, as the profiler nests them (same
+    thread, inside the parent's span)."""
+    doc = path if isinstance(path, dict) or path is None else load_trace(path)
+    if not isinstance(doc, dict):
+        return {"meta": {}, "steps": []}
+    meta: dict[str, Any] = {key: type(doc[key]).__name__ for key in PROFILER_META if key in doc}
+    meta["trace_id_form"] = isinstance(doc.get("trace_id"), str) and bool(_TRACE_ID.fullmatch(doc["trace_id"]))
+    raw = doc.get("traceEvents")
+    events = [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+    meta["span"] = any(e.get("cat") == "Trace" and str(e.get("name", "")).startswith("PyTorch Profiler")
+                       for e in events)
+    meta["flows"] = [sum(1 for e in events if e.get("cat") == "fwdbwd" and e.get("ph") == ph) for ph in "sf"]
+    complete = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), int | float)
+                and isinstance(e.get("dur"), int | float) and e["dur"] >= 0 and e.get("cat") != "Trace"]
+    meta["ops_without_ids"] = sum(1 for e in complete if e.get("cat") == "cpu_op"
+                                  and not (isinstance(e.get("args"), dict) and "External id" in e["args"]))
+    steps: list[dict[str, Any]] = []
+    crossing = outside = 0
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
+    for e in complete:
+        by_thread.setdefault((str(e.get("pid")), str(e.get("tid"))), []).append(e)
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[tuple[float, str, dict[str, Any] | None, str | None]] = []  # (end, name, step, phase)
+        for e in thread:
+            name, start, end = str(e.get("name", "")), float(e["ts"]), float(e["ts"]) + float(e["dur"])
+            while stack and start >= stack[-1][0]:
+                stack.pop()
+            if stack and end > stack[-1][0] + 1.0:  # a child that outlasts its parent: never the profiler's
+                crossing += 1
+            step, phase = (stack[-1][2], stack[-1][3]) if stack else (None, None)
+            if name.startswith("ProfilerStep#"):
+                step = {"name": name, "dur": float(e["dur"]), "nested_in_step": step is not None,
+                        "labels": dict.fromkeys(PHASES, 0), "runs_in_data": 0, "forward_convs": 0,
+                        "backward_conv_nodes": 0, "ops": 0, "counted": dict.fromkeys(COUNTED_OPS, 0)}
+                steps.append(step)
+                phase = None
+            elif step is None:
+                outside += name in PHASES or name.startswith((BACKWARD_NODE, RUN_LABEL))
+            else:
+                if name in PHASES:
+                    step["labels"][name] += 1
+                    phase = name
+                elif name.startswith(RUN_LABEL) and phase == "data":
+                    step["runs_in_data"] += 1
+                elif name == CONV_NODE and phase == "backward":
+                    step["backward_conv_nodes"] += 1
+                if e.get("cat") == "cpu_op":
+                    step["ops"] += 1
+                if name in step["counted"]:
+                    step["counted"][name] += 1
+                    step["forward_convs"] += name == "aten::convolution" and phase == "forward"
+            stack.append((end, name, step, phase))
+    meta.update(crossing=crossing, outside=outside)
+    return {"meta": meta, "steps": steps[:MAX_TRACE_STEPS]}
+
+
+MAX_TRACE_STEPS = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +332,11 @@ def probe_fix(answers: Answers, seed: int) -> dict[str, Any]:
 def probe_trace(answers: Answers, seed: int) -> dict[str, Any]:
     answered = answers["TRACE_ANSWERS"]
     path = Path(str(answers["TRACE_FILE"]))
-    return {"answers": answered, "events": trace_events(path) if path.is_file() else None}
+    doc = load_trace(path) if path.is_file() else None
+    if not isinstance(doc, dict):  # a bare list of events is a Chrome trace too, but never torch.profiler's
+        return {"answers": answered, "events": trace_events(path) if path.is_file() else None,
+                "summary": trace_summary(None)}
+    return {"answers": answered, "events": trace_events(doc), "summary": trace_summary(doc)}
 
 
 PROBES = {
@@ -261,7 +347,7 @@ PROBES = {
 
 __all__ = ["LineCost", "PIPELINE_FILE", "PROBES", "TRACE_KEYS", "check_diagnosis", "check_fixed",
            "check_trace_answers", "diagnosis_problems", "line_costs", "load_pipeline", "trace_answer_problems",
-           "trace_events", "write_pipeline"]
+           "load_trace", "trace_events", "trace_summary", "write_pipeline"]
 
 
 

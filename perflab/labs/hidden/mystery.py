@@ -214,8 +214,75 @@ def trace_mistakes(answers: Any, facts: TraceFacts) -> list[str]:
     return wrong
 
 
+# What torch.profiler records in every step of a mystery pipeline (ResNet-18): 20 convolutions in the
+# "forward" label, 20 ConvolutionBackward0 nodes in "backward", and 62 parameter tensors.
+RESNET18_CONVS = 20
+RESNET18_PARAMS = 62
+# Fewer cpu ops than a ResNet-18 step's forward alone records: not a trace of a training step.
+MIN_STEP_OPS = 200
+
+
+def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any]]:
+    """Per planted bug that leaves its own ops in a step's trace: (what shows, a test of a step's summary
+    that holds when the bug is there and fails when it is not), measured on traces of each bug alone."""
+    return {
+        "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1),
+        "row_loop": ("an aten::sub per image row", lambda s: s["counted"]["aten::sub"] >= 3 * image_size * batch),
+        "eval_accuracy": ("a second forward's convolutions",
+                          lambda s: s["counted"]["aten::convolution"] >= 2 * RESNET18_CONVS),
+        "snapshot": ("a clone of every weight", lambda s: s["counted"]["aten::clone"] >= RESNET18_PARAMS),
+        "python_collate": ("no aten::stack of the default collate", lambda s: s["counted"]["aten::stack"] == 0),
+    }
+
+
+def trace_not_genuine(summary: Any, planted: mystery.Mystery, mode: str | None) -> str | None:
+    """Why a trace's summary (`lab01_mystery.trace_summary`) is not what torch.profiler writes for this
+    pipeline (None when it is): the profiler's metadata, its nesting, the pipeline's labels and ops in
+    every step, and the planted bugs' own ops, each consistent with the others."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("meta"), dict):
+        return "it could not be read as torch.profiler's Chrome trace"
+    meta, steps = summary["meta"], summary.get("steps")
+    types = {"schemaVersion": "int", "deviceProperties": "list", "trace_id": "str", "baseTimeNanoseconds": "int",
+             "displayTimeUnit": "str"}
+    missing = [k for k, t in types.items() if meta.get(k) != t]
+    if missing or meta.get("trace_id_form") is not True or meta.get("span") is not True:
+        return f"it lacks the metadata torch.profiler writes ({', '.join(missing) or 'trace_id, profiler span'})"
+    flows = meta.get("flows")
+    if not (isinstance(flows, list) and len(flows) == 2 and flows[0] == flows[1] and flows[0] > 0):
+        return "it holds no forward-to-backward links (fwdbwd flows) as torch.profiler records them"
+    if meta.get("crossing") or meta.get("ops_without_ids"):
+        return ("its events overlap in ways torch.profiler never nests them, or its ops lack the profiler's ids: "
+                "an edited trace")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        return "it holds no profiled step (ProfilerStep#)"
+    image_size, batch = mystery.sizes_for(mode)[1:]
+    signatures = _signatures(image_size, batch)
+    planted_keys = {p.key for p in planted.planted}
+    for step in steps:
+        try:
+            name = step["name"]
+            if step["nested_in_step"] or any(step["labels"][label] != 1 for label in PHASES):
+                return f"{name} does not hold the pipeline's data/forward/backward/optimizer labels once each"
+            if step["runs_in_data"] != 1:
+                return f"{name} does not hold the pipeline's run label inside its data label"
+            if step["forward_convs"] != RESNET18_CONVS or step["backward_conv_nodes"] != RESNET18_CONVS:
+                return (f"{name} does not hold ResNet-18's {RESNET18_CONVS} convolutions in its forward label and "
+                        f"{RESNET18_CONVS} ConvolutionBackward0 nodes in its backward label")
+            if step["ops"] < MIN_STEP_OPS:
+                return f"{name} holds {step['ops']} ops, fewer than one training step of the pipeline records"
+            for key, (shows, test) in signatures.items():
+                if bool(test(step)) != (key in planted_keys):
+                    return (f"{name} {'lacks' if key in planted_keys else 'holds'} {shows}, which your pipeline "
+                            f"{'has' if key in planted_keys else 'does not have'}: a trace of another pipeline")
+        except (KeyError, TypeError):
+            return "its steps could not be read as torch.profiler records them"
+    return None
+
+
 def judge_trace(observed: Any, ctx: Context) -> Mark | None:
     assert isinstance(observed, dict), "TRACE_ANSWERS: no answer"
+    why = trace_not_genuine(observed.get("summary"), truth(ctx), ctx.mode)
+    assert why is None, f"TRACE_FILE is not torch.profiler's trace of your pipeline: {why}"
     facts = trace_facts(observed.get("events"))
     run = f"{RUN_LABEL}{truth(ctx).run_id}"
     assert run in facts.runs, (
