@@ -319,6 +319,29 @@ def test_an_unchanged_copy_a_missing_one_or_a_fix_that_changes_the_training_earn
     assert mark.fraction == 0.0 and mark.verdict is not None and mark.verdict["verdict"] == "fail", mark.message
 
 
+# Honest through the verifier's gate, then a forward pass only: no backward, no update (every planted
+# bug kept). The issue's cheat stops training from the 9th step; the variant skips every other step.
+_FORWARD_ONLY = """        if {when}:  # from here on: the forward loss only
+            self.steps += 1
+            images, labels, indices = self.next_batch()
+            with torch.no_grad():
+                loss = self.criterion(self.model(images), labels)
+            return loss, indices.tolist()
+"""
+
+
+@pytest.mark.parametrize("when", ["self.steps >= 8", "self.steps >= 4 and self.steps % 2"])
+def test_a_fix_that_stops_training_after_the_gate_earns_nothing(when: str, tiny_data) -> None:
+    student = "bob"
+    planted = mystery.for_student(student, "tiny").source
+    head = "    def step(self):\n"
+    assert planted.count(head) == 1
+    cheat = planted.replace(head, head + _FORWARD_ONLY.format(when=when))
+    mark = _fix_mark(student, cheat, claim=2.09)
+    assert mark.fraction == 0.0 and mark.verdict is not None, mark.message
+    assert mark.verdict["verdict"] == "fail" and "(timed steps)" in mark.message, mark.message
+
+
 def test_another_ids_fixed_copy_does_not_train_as_this_pipeline(tiny_data) -> None:
     """Each id's pipeline seeds its own run (RUN_ID): a friend's fixed copy, however fast, trains on
     other samples from other weights, and the grader's correctness gate refuses it."""
