@@ -208,7 +208,7 @@ def test_final_may_change_speed_knobs_only(monkeypatch: pytest.MonkeyPatch) -> N
              ("channels_last", fast)]
     assert lab06.final_problems(fast, chain) == []
     assert lab06.final_problems(base, [("baseline", base)]) == []
-    for change in ({"batch_size": 16}, {"gpu_augment": True}, {"lr": 0.1}, {"threads": 1}):
+    for change in ({"batch_size": 16}, {"gpu_augment": True}, {"lr": 0.1}, {"threads": lab06.TRAIN_THREADS + 1}):
         problems = lab06.final_problems(base.replace(**change))
         assert problems and next(iter(change)) in problems[0]
     assert "TrainConfig" in lab06.final_problems({"amp_dtype": "bf16"})[0]
@@ -367,3 +367,71 @@ def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() ->
     assert lab06.CUMULATIVE_FILE is lab06_checks.CUMULATIVE_FILE
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         lab06.not_a_name  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------
+# The ablation's timing: two identical configurations do not differ
+
+
+class _CarryOver:
+    """Simulated training steps on one clock: a step right after another configuration's pays `penalty`
+    (caches holding the other's weights), interference adds time now and then, nothing else differs."""
+
+    def __init__(self, k: int, penalty: float, noise: float = 0.0, seed: int = 0) -> None:
+        self.now, self.last, self.penalty, self.noise = 0.0, k - 1, penalty, noise
+        self.rng = np.random.default_rng(seed)
+        self.steps = [lambda i=i: self._step(i) for i in range(k)]
+
+    def _step(self, i: int) -> None:
+        cost = 0.1 * (1.0 + (self.penalty if self.last != i else 0.0))
+        if self.noise:
+            cost *= self.rng.lognormal(0.0, self.noise)
+            if self.rng.random() < 0.2:
+                cost *= 1.0 + self.rng.exponential(0.3)
+        self.now += cost
+        self.last = i
+
+    def clock(self) -> float:
+        return self.now
+
+
+def _aa_speedup(times: list[list[float]]) -> float:
+    return float(np.quantile(times[0], lab06.QUANTILE) / np.quantile(times[1], lab06.QUANTILE))
+
+
+def test_a_step_after_another_configuration_cannot_make_an_a_a_test_a_gain() -> None:
+    """The cause of the A/A bias: without priming, the rotating order of two configurations (ABBA ABBA)
+    runs the second right after itself more often, so when such a step is cheaper, the copy wins."""
+    old = _CarryOver(2, penalty=0.12)  # the former grade sizes: 4 one-step blocks, unprimed
+    assert _aa_speedup(lab06_measure.interleaved_blocks(old.steps, 4, 1, prime=0, clock=old.clock)) > 1.05
+    for rounds in (4, lab06.CI_BLOCKS):
+        primed = _CarryOver(2, penalty=0.12)
+        times = lab06_measure.interleaved_blocks(primed.steps, rounds, 1, clock=primed.clock)
+        assert _aa_speedup(times) == pytest.approx(1.0, abs=1e-12), times
+    three = _CarryOver(3, penalty=0.12)  # a longer chain of identical configurations: all equal too
+    times = lab06_measure.interleaved_blocks(three.steps, lab06.CI_BLOCKS, 2, clock=three.clock)
+    assert max(map(max, times)) == pytest.approx(min(map(min, times)), rel=1e-12)
+
+
+def test_an_a_a_ablation_has_a_ci_including_one_at_the_lab_sizes() -> None:
+    """300 simulated A/A ablations at every mode's sizes, with carry-over and interference: the CI holds
+    1.0 in at least 93% of them and the speedups centre on 1.0."""
+    for mode in ("tiny", "laptop", "grade"):
+        s = lab06.sizes(mode)
+        held, speedups = 0, []
+        for seed in range(300):
+            sim = _CarryOver(2, penalty=0.12, noise=0.05, seed=seed)
+            a, b = lab06_measure.interleaved_blocks(sim.steps, s.chain_blocks, s.block_steps, clock=sim.clock)
+            low, high = lab06.ratio_ci(a, b)
+            held += low <= 1.0 <= high
+            speedups.append(_aa_speedup([a, b]))
+        assert held / 300 >= 0.93, (mode, held / 300)
+        assert abs(float(np.median(speedups)) - 1.0) < 0.01, (mode, float(np.median(speedups)))
+
+
+def test_screening_returns_a_comparison_of_primed_blocks(tiny_data) -> None:
+    s = lab06.sizes("tiny")
+    base = lab06.baseline_config("tiny")
+    comparison = lab06_measure.screen(base, base.replace(channels_last=True), s)
+    assert comparison.blocks == s.screen_blocks and comparison.block_size == s.block_steps
+    assert comparison.ci().low <= comparison.speedup <= comparison.ci().high

@@ -384,3 +384,27 @@ def test_cli_class_report(tmp_path, capsys):
     assert main(["report", "--class", str(src), "-o", str(out), "--png-dir", str(tmp_path / "png")]) == 0
     assert "graded on 3 hardware classes" in capsys.readouterr().out
     assert out.stat().st_size < MAX_REPORT_BYTES and len(list((tmp_path / "png").glob("*.png"))) == 3
+
+
+def test_an_a_a_ablation_is_never_drawn_as_a_gain(tmp_path):
+    """The lazy student's "nothing kept" row (the baseline against a copy of itself) and any step whose CI
+    holds the level before it are drawn as noise, in the waterfall and its table; only a CI wholly above
+    the level is a gain."""
+    from perflab.report import figures
+    from perflab.report.model import Step, waterfall_steps
+
+    aa = waterfall_steps([{"name": "nothing kept (A/A)", "speedup": 1.07, "ci": [1.05, 1.09], "aa": True}])
+    assert aa[0].effect(1.0) == "within noise"
+    assert Step("x", 1.07, (0.98, 1.10), None).effect(1.0) == "within noise"
+    assert Step("x", 1.07, (1.02, 1.10), None).effect(1.0) == "gain"
+    assert Step("x", 0.90, (0.85, 0.95), None).effect(1.0) == "loss"
+    assert Step("x", 1.30, (1.25, 1.35), None).effect(1.4) == "loss"
+    fig = figures.waterfall(aa)
+    bars = [c.get_label() for c in fig.axes[0].containers if c.get_label() in figures.WATERFALL_STYLE]
+    assert bars == ["within noise"]
+    machine = results.load(ALL[0])["machine"]
+    path = results.save(tmp_path / "lab06_together.json", "lab06_together",
+                        {"speedups": [{"name": "nothing kept (A/A)", "speedup": 1.07, "ci": [1.05, 1.09],
+                                       "cumulative": True, "aa": True}]}, machine=machine)
+    speedups = section_text(report.build_report([path]).html, "speedups")
+    assert "A/A: the noise floor" in speedups and "gain" not in speedups.replace("gain)", "")

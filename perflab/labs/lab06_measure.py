@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,67 +45,98 @@ def memory_budget_bytes(info: env.MachineInfo) -> int | None:
     return int(MEMORY_BUDGET_SHARE * ram)
 
 
-def screen(current: TrainConfig, candidate: TrainConfig, s: LabSizes | None = None) -> Any:
-    """Time `candidate` against `current` in interleaved blocks (perflab.timing.compare): a Comparison."""
-    from perflab import timing, workload
-
-    s = s or sizes()
-    works = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            for config in (current, candidate):
-                works.append(workload.build(config))
-            a, b = works
-            return timing.compare(lambda: workload.train_step(a), lambda: workload.train_step(b),
-                                  blocks=s.screen_blocks, block_size=s.block_steps, warmup=2,
-                                  device=a.device, labels=("kept so far", "with the change"))
-        finally:
-            for work in works:
-                work.close()
+# Untimed steps of a configuration right before each of its timed blocks. The first step after another
+# configuration ran finds the caches (and the allocator's free lists) holding that one's weights and
+# activations; a block starting there is slower than one starting after its own step. Rotating the order
+# each round does not balance that with two configurations (the order ABBA ABBA runs B after itself in
+# every pair and A in every other one), so without priming an A/A test favoured its second copy and
+# screening its candidate (a 1.07x "gain" for nothing kept). Primed, every timed step follows a step of
+# its own configuration, whatever ran before it.
+PRIME_STEPS = 1
 
 
-def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
-                  warmup: int = 2) -> dict[str, list[float]]:
-    """Block times of every configuration of `chain`, timed in interleaved rounds.
+def interleaved_blocks(steps: Sequence[Callable[[], Any]], rounds: int, block_steps: int, *,
+                       prime: int = PRIME_STEPS, sync: Callable[[int], None] | None = None,
+                       clock: Callable[[], float] = time.perf_counter,
+                       progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> list[list[float]]:
+    """Seconds of `rounds` blocks of each of `steps` (one training step of a configuration each), interleaved.
 
-    Each round times one block (`s.block_steps` training steps ended by a device sync) of every
-    configuration, starting at a different one each round, so that all of them share the machine's
-    drift and block i of any two are paired. Returns {name: [seconds of each block]} in chain order.
+    Each round times one block (`block_steps` calls, after `prime` untimed ones, ended by `sync(i)`) of
+    every configuration, starting at a different one each round, so that all share the machine's drift
+    and block r of any two are a pair. Returns one list of block times per configuration, in order.
     """
-    import time
+    if rounds < 2 or block_steps < 1 or prime < 0:
+        raise ValueError(f"rounds >= 2, block_steps >= 1 and prime >= 0, got {rounds}, {block_steps}, {prime}")
+    settle = sync or (lambda i: None)
+    times: list[list[float]] = [[] for _ in steps]
+    for r in (progress or iter)(range(rounds)):
+        for k in range(len(steps)):
+            i = (r + k) % len(steps)
+            for _ in range(prime):
+                steps[i]()
+            settle(i)
+            start = clock()
+            for _ in range(block_steps):
+                steps[i]()
+            settle(i)
+            times[i].append(clock() - start)
+    return times
 
+
+def _timed_blocks(configs: Sequence[TrainConfig], rounds: int, block_steps: int, warmup: int,
+                  desc: str) -> tuple[list[list[float]], Any]:
+    """Build each configuration, warm it up, and time `interleaved_blocks` of their training steps."""
     from perflab import workload
     from perflab.labs import common
 
-    s = s or sizes()
-    names = [name for name, _ in chain]
-    if len(set(names)) != len(names):
-        raise ValueError(f"chain: names must be unique, got {names}")
-    times: dict[str, list[float]] = {name: [] for name in names}
     works = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            for _, config in chain:
+            for config in configs:
                 work = workload.build(config)
                 works.append(work)
                 for _ in range(warmup):
                     workload.train_step(work)
                 env.synchronize(work.device)
-            for r in common.progress(range(s.chain_blocks), desc="ablation rounds"):
-                for k in range(len(works)):
-                    i = (r + k) % len(works)
-                    work = works[i]
-                    start = time.perf_counter()
-                    for _ in range(s.block_steps):
-                        workload.train_step(work)
-                    env.synchronize(work.device)
-                    times[names[i]].append(time.perf_counter() - start)
+            steps = [lambda w=work: workload.train_step(w) for work in works]
+            times = interleaved_blocks(steps, rounds, block_steps, sync=lambda i: env.synchronize(works[i].device),
+                                       progress=lambda it: common.progress(it, desc=desc))
+            return times, works[0].device
         finally:
             for work in works:
                 work.close()
-    return times
+
+
+def screen(current: TrainConfig, candidate: TrainConfig, s: LabSizes | None = None, *,
+           warmup: int = 2) -> Any:
+    """Time `candidate` against `current` in interleaved primed blocks (`interleaved_blocks`): a
+    `perflab.timing.Comparison` (A = current, B = candidate; `.speedup`, `.ci()`)."""
+    from perflab import timing
+
+    s = s or sizes()
+    (a, b), device = _timed_blocks([current, candidate], s.screen_blocks, s.block_steps, warmup, "screening")
+    return timing.Comparison(tuple(a), tuple(b), s.block_steps, labels=("kept so far", "with the change"),
+                             device=str(device), threads=env.set_threads(None), warmup=warmup,
+                             quantile=QUANTILE)
+
+
+def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
+                  warmup: int = 2) -> dict[str, list[float]]:
+    """Block times of every configuration of `chain`, timed in interleaved primed rounds.
+
+    Each round times one block (`s.block_steps` training steps ended by a device sync, after
+    PRIME_STEPS untimed ones) of every configuration, starting at a different one each round, so that
+    all of them share the machine's drift and block i of any two are paired. Returns {name: [seconds of
+    each block]} in chain order.
+    """
+    s = s or sizes()
+    names = [name for name, _ in chain]
+    if len(set(names)) != len(names):
+        raise ValueError(f"chain: names must be unique, got {names}")
+    times, _ = _timed_blocks([config for _, config in chain], s.chain_blocks, s.block_steps, warmup,
+                             "ablation rounds")
+    return dict(zip(names, times, strict=True))
 
 
 def step_stat(block_times: Sequence[float], block_steps: int, batch_size: int) -> dict[str, Any]:

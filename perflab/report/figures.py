@@ -99,18 +99,24 @@ def _ci_err(value: float, ci: tuple[float, float] | None) -> list[list[float]]:
     return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
 
 
+# A waterfall bar's colour and hatch by what its step did (`Step.effect`): a step whose CI holds the level
+# before it is drawn as noise, never as a gain (an A/A row always is).
+WATERFALL_STYLE = {"gain": (GOOD, ""), "loss": (BAD, "//"), "within noise": (NEUTRAL, "..")}
+
+
 @_styled
 def waterfall(steps: Sequence[Step]) -> Figure:
-    """Cumulative speedup: each bar spans from the previous level to the level after its change."""
+    """Cumulative speedup: each bar spans from the previous level to the level after its change, coloured by
+    `Step.effect` (gain, loss, or within noise)."""
     fig = _figure()
     ax = _axes(fig)
     level = 1.0
     names = ["baseline"]
     ax.bar(0, 1.0, color=NEUTRAL, edgecolor="black", linewidth=0.6)
     for i, step in enumerate(steps, start=1):
-        gain = step.cumulative >= level
-        ax.bar(i, step.cumulative - level, bottom=level, color=GOOD if gain else BAD,
-               hatch="" if gain else "//", edgecolor="black", linewidth=0.6)
+        colour, hatch = WATERFALL_STYLE[step.effect(level)]
+        ax.bar(i, step.cumulative - level, bottom=level, color=colour, hatch=hatch, edgecolor="black",
+               linewidth=0.6, label=step.effect(level))
         ax.errorbar(i, step.cumulative, yerr=_ci_err(step.cumulative, step.ci), fmt="none",
                     ecolor="black", capsize=4, linewidth=1)
         ax.plot([i - 1.4, i - 0.6], [level, level], color="black", linewidth=0.6, linestyle=":")
@@ -125,9 +131,8 @@ def waterfall(steps: Sequence[Step]) -> Figure:
     ax.set_ylabel("speedup over baseline (×)")
     ax.set_ylim(0, max([1.0] + [(s.ci[1] if s.ci else s.cumulative) for s in steps]) * 1.18)
     ax.set_title("Cumulative speedup, each change added in turn (bars: 95% CI)")
-    ax.legend(handles=[Patch(facecolor=GOOD, edgecolor="black", label="gain"),
-                       Patch(facecolor=BAD, edgecolor="black", hatch="//", label="loss")],
-              **OUTSIDE_RIGHT)
+    ax.legend(handles=[Patch(facecolor=colour, edgecolor="black", hatch=hatch, label=effect)
+                       for effect, (colour, hatch) in WATERFALL_STYLE.items()], **OUTSIDE_RIGHT)
     return fig
 
 

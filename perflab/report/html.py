@@ -417,10 +417,11 @@ def _speedups(b: _Builder) -> tuple[str, str]:
                          f"Cumulative ablation from {item.lab}: each bar adds one change to all before it."))
         rows, prev = [], 1.0
         for s in steps:
+            effect = "A/A: the noise floor" if s.aa else s.effect(prev)
             rows.append([esc(s.name), f"{s.cumulative:.2f}×", esc(fmt_ci(s.ci, "×", 3)),
-                         f"{s.cumulative / prev:.2f}×", badge(s.verdict)])
+                         f"{s.cumulative / prev:.2f}×", esc(effect), badge(s.verdict)])
             prev = s.cumulative
-        out.append(table(["change added", "cumulative speedup", "95% CI", "this step", "verdict"],
+        out.append(table(["change added", "cumulative speedup", "95% CI", "this step", "effect", "verdict"],
                          rows, numeric=(1, 2, 3), raw=True))
         sources.append(item)
     else:

@@ -114,18 +114,32 @@ class ResultsSet:
 
 @dataclass(frozen=True)
 class Step:
-    """One bar of the speedup waterfall: the cumulative speedup after a change, with its CI."""
+    """One bar of the speedup waterfall: the cumulative speedup after a change, with its CI. `aa` marks
+    an A/A row (the baseline timed against itself: the machine's noise floor, never a gain)."""
 
     name: str
     cumulative: float
     ci: tuple[float, float] | None
     verdict: str | None
+    aa: bool = False
+
+    def effect(self, level: float) -> str:
+        """What this step did to the level before it: "gain" or "loss" when its CI lies wholly above or
+        below that level (or, with no CI, by its value), else "within noise"; an A/A row is always noise."""
+        if self.aa:
+            return "within noise"
+        low, high = self.ci if self.ci is not None else (self.cumulative, self.cumulative)
+        if low > level:
+            return "gain"
+        if high < level:
+            return "loss"
+        return "within noise"
 
 
 def waterfall_steps(rows: Sequence[dict[str, Any]]) -> list[Step]:
     """Cumulative ablation rows in order (each measured against the first baseline)."""
-    return [Step(r["name"], float(r["speedup"]), tuple(r["ci"]) if "ci" in r else None,
-                 r.get("verdict")) for r in rows]
+    return [Step(r["name"], float(r["speedup"]), tuple(r["ci"]) if r.get("ci") else None,
+                 r.get("verdict"), bool(r.get("aa", False))) for r in rows]
 
 
 def is_cumulative(item: LabResults, row: dict[str, Any]) -> bool:
