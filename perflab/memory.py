@@ -365,7 +365,9 @@ def _cpu_peak_in_child(fn: Callable[..., Any], args: tuple[Any, ...]) -> PeakMem
                          "and picklable arguments") from exc
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_entry, args=(child_conn, fn, args), daemon=True)
+    # Not a daemon: a daemonic process may not start children, and `fn` may (a DataLoader's workers:
+    # `perflab profile --num-workers 2` failed on a CPU). The `finally` below ends it in every case.
+    proc = ctx.Process(target=_child_entry, args=(child_conn, fn, args), daemon=False)
     proc.start()
     child_conn.close()
     try:

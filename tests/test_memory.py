@@ -19,6 +19,14 @@ def allocate_and_touch(n: int) -> int:
     return len(block)
 
 
+def iterate_with_workers(workers: int) -> int:
+    """Starts DataLoader workers (child processes of the measured child): what a training run may do."""
+    import torch
+
+    data = torch.utils.data.TensorDataset(torch.arange(16.0))
+    return sum(len(batch[0]) for batch in torch.utils.data.DataLoader(data, batch_size=4, num_workers=workers))
+
+
 def fail_in_child() -> None:
     raise RuntimeError("boom from the child")
 
@@ -130,6 +138,13 @@ def test_cpu_peak_of_a_child_sees_its_allocation() -> None:
     assert peak.baseline_bytes > 0
     assert peak.delta >= 200e6, str(peak)  # 200 MiB is 209.7 MB
     assert peak.delta < CHILD_ALLOCATION + 100 * MiB, str(peak)
+
+
+def test_cpu_peak_of_a_function_that_starts_loader_workers() -> None:
+    """`perflab profile --num-workers 2` measures its peak in a child that starts loader workers: a
+    daemonic child may not, and the profile failed on a CPU."""
+    peak = memory.peak_memory(iterate_with_workers, "cpu", 2)
+    assert peak.device == "cpu" and peak.peak_bytes >= peak.baseline_bytes > 0
 
 
 def test_cpu_peak_reports_failures_and_unpicklable_functions() -> None:
