@@ -214,12 +214,12 @@ def test_the_trace_probe_reads_a_real_torch_profiler_trace(tmp_path, tiny_data) 
     assert judges.trace_not_genuine(lab01_mystery.trace_summary(path), mystery.for_student("alice", "tiny"), "tiny") is None
 
 
-def _profile(student: str, path: Path) -> Path:
+def _profile(student: str, path: Path, **options: Any) -> Path:
     import torch
 
     step = mystery.for_student(student, "tiny").module().make_step(0)
     with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
-                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path)), **options) as prof:
         for _ in range(3):
             step()
             prof.step()
@@ -229,9 +229,12 @@ def _profile(student: str, path: Path) -> Path:
 @pytest.fixture(scope="module")
 def real_traces(tmp_path_factory, tiny_data) -> dict[str, Path]:
     """torch.profiler's traces of two ids' planted pipelines with different planted ops (ivan: python_collate,
-    eval_accuracy, grad_histograms; judy: anomaly, batch_history, snapshot), cheap to profile."""
+    eval_accuracy, grad_histograms; judy: anomaly, batch_history, snapshot), cheap to profile; and ivan's
+    with the Python tracer on (its frames straddle the labels' spans)."""
     folder = tmp_path_factory.mktemp("traces")
-    return {student: _profile(student, folder / f"{student}.json") for student in ("ivan", "judy")}
+    traces = {student: _profile(student, folder / f"{student}.json") for student in ("ivan", "judy")}
+    traces["ivan_stack"] = _profile("ivan", folder / "ivan_stack.json", with_stack=True, record_shapes=True)
+    return traces
 
 
 def _trace_mark(student: str, path: Path) -> judging.Mark:
@@ -253,6 +256,7 @@ def test_only_torch_profilers_trace_of_the_students_own_pipeline_earns_the_trace
     ivan = mystery.for_student("ivan", "tiny")
     assert _trace_mark("ivan", real_traces["ivan"]).fraction == 1.0
     assert _trace_mark("judy", real_traces["judy"]).fraction == 1.0
+    assert _trace_mark("ivan", real_traces["ivan_stack"]).fraction == 1.0
 
     events, ts = [], 0
     for k in range(5):

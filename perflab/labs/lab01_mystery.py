@@ -250,6 +250,9 @@ PROFILER_META = ("schemaVersion", "deviceProperties", "trace_id", "baseTimeNanos
 COUNTED_OPS = ("aten::convolution", "aten::histc", "aten::sub", "aten::clone", "aten::stack")
 CONV_NODE = BACKWARD_NODE + "ConvolutionBackward0"
 _TRACE_ID = re.compile(r"[0-9A-F]{32}")
+# Complete events outside the op nesting: the profiler's own span, and the Python tracer's frames
+# (with_stack=True), which a record_function's span starts inside of and outlasts.
+_NOT_NESTED = ("Trace", "python_function")
 
 
 def trace_summary(path: str | os.PathLike[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -268,7 +271,8 @@ def trace_summary(path: str | os.PathLike[str] | dict[str, Any] | None) -> dict[
                        for e in events)
     meta["flows"] = [sum(1 for e in events if e.get("cat") == "fwdbwd" and e.get("ph") == ph) for ph in "sf"]
     complete = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), int | float)
-                and isinstance(e.get("dur"), int | float) and e["dur"] >= 0 and e.get("cat") != "Trace"]
+                and isinstance(e.get("dur"), int | float) and e["dur"] >= 0
+                and e.get("cat") not in _NOT_NESTED]
     meta["ops_without_ids"] = sum(1 for e in complete if e.get("cat") == "cpu_op"
                                   and not (isinstance(e.get("args"), dict) and "External id" in e["args"]))
     steps: list[dict[str, Any]] = []
