@@ -324,3 +324,20 @@ def test_a_break_even_is_stated_only_from_a_gain_whose_ci_excludes_1() -> None:
     steps, words = lab05.break_even_here(175_616, (0.97, 1.09))  # a point estimate the CI does not confirm
     assert steps is None and words.startswith("no measurable gain: never pays off here") and "0.97-1.09x" in words
     assert lab05.break_even_here(math.inf, (0.8, 0.9)) == (None, "never pays off here (the compiled step is no faster)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_fresh_process_times_its_first_calls_with_caches_on_or_off(cold: bool) -> None:
+    from perflab.labs import lab05_dynamo
+
+    calls = lab05_dynamo.first_calls_in_fresh_process(None, lab05.sizes("tiny").small_kwargs(), cold=cold)
+    assert calls["caches_off"] == float(cold)
+    assert calls["first"] > 0 and calls["second"] > 0
+
+
+def test_a_failing_fresh_process_says_why() -> None:
+    from perflab.labs import lab05_dynamo
+
+    with pytest.raises(RuntimeError, match=r"fresh process failed \(exit 1\): RuntimeError: .*negative dimension"):
+        lab05_dynamo.first_calls_in_fresh_process(None, {"features": -1}, cold=True)

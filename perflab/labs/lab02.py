@@ -29,6 +29,11 @@ The student writes four things in `solutions/lab02_feed` (the notebook); the tes
         only (LOADER_FIELDS): the grader re-measures it against `baseline_config()` in a fresh
         process with `perflab.verify`. `CLAIM` is the speedup measured in the notebook.
 
+    PREDICT_WORKERS, WHY_WORKERS; PREDICT_CROWDED, WHY_CROWDED (PREDICTIONS)
+        Written before the sweep and before the crowded-threads run: a positive number (the training
+        speedup of workers over none) and one line of why. Graded on being there, never on being right
+        (`perflab.labs.predict`).
+
 This module holds what the tests and the grader share: `DataWait`, the sizes of each mode, the
 baseline, small deterministic fixtures (`IndexData`, `FakeClock`, `ScriptedBatches`), the checks the
 visible tests call (`loader_problems`, `order_problems`, `check_best`) and `verify_best`. The hidden
@@ -47,6 +52,7 @@ from typing import Any
 import torch
 
 from perflab import env
+from perflab.labs import predict
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -566,6 +572,11 @@ def pick_workers_cases(seed: int) -> list[tuple[dict[int, float], float | None]]
 PICK_WORKERS_BAD = ({}, {-1: 10.0}, {1: 0.0}, {1: float("nan")}, {2: -5.0})
 
 
+# The predictions written before a headline measurement, by the key of their graded cell
+# (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
+PREDICTIONS = {"workers": ("PREDICT_WORKERS", "WHY_WORKERS"), "crowded": ("PREDICT_CROWDED", "WHY_CROWDED")}
+
+
 def _probe_loader_visible(answers: Any, seed: int) -> list[dict[str, Any]]:
     fn = answers["make_loader"]
     return [observe_epochs(fn, *case) for case in VISIBLE_LOADER_CASES]
@@ -632,4 +643,5 @@ PROBES = {
     "test_pick_workers": _probe_pick_workers,
     "test_best_samples": _probe_best,
     "test_best_verified": _probe_best,
+    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }

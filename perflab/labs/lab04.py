@@ -61,6 +61,9 @@ The graded cost
     be SLOWER: the speedup (baseline time / candidate time, below 1) must stay above the bar
     `load_expectation(EXPECTATION)` gives, calibrated on the grading hardware from the reference
     (`calibration_pair`), or without calibration the conservative cost rule (COST_FLOOR).
+    PREDICT_COST, WHY_COST (PREDICTIONS): written before the cost is measured, the expected speedup
+    (a positive number) and one line of why; graded on being there, never on being right
+    (`perflab.labs.predict`).
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline and `calibration_pair`, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`,
@@ -91,6 +94,7 @@ import torch
 from torch import nn
 
 from perflab import env, memory, workload
+from perflab.labs import predict
 from perflab.labs.common import moved_names
 from perflab.workload import TrainConfig
 
@@ -424,6 +428,10 @@ def candidate_source(source: str, config: TrainConfig, stages: Sequence[str] = G
             "    return _lab04.checkpointed_step(seed, _json.loads(CONFIG), checkpoint_stages, STAGES)\n")
 
 
+# The predictions written before a headline measurement, by the key of their graded cell
+# (`test_predict_<key>`): the value's name and its one line of why.
+PREDICTIONS = {"cost": ("PREDICT_COST", "WHY_COST")}
+
 PROBES = {
     "checkpoint_visible": _probe_function("checkpoint_stages"),
     "checkpoint_hidden": _probe_function("checkpoint_stages"),
@@ -434,6 +442,7 @@ PROBES = {
     "checkpoint_cost_verified": _probe_cost,
     "accumulate_visible": _probe_function("accumulate_gradients"),
     "accumulate_hidden": _probe_function("accumulate_gradients"),
+    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }
 
 

@@ -45,6 +45,10 @@ The student writes these in `solutions/lab05_compile` (the notebook); the tests 
         full or grade mode on ResNet-18 (`TrainConfig(compile_mode=CHOICE)`), everywhere else on
         the lab's small model (`small_step`), which keeps grading time bounded on CPUs.
 
+    PREDICT_BREAK_EVEN, WHY_BREAK_EVEN (PREDICTIONS)
+        Written before the modes are measured: the default mode's break-even in steps (math.inf for
+        never) and one line of why. Graded on being there, never on being right (`perflab.labs.predict`).
+
 This module holds what the notebook, its tests and the grader share: the models (`PlainBlock`,
 `BrokenBlock`, `SmallNet`, `IndexedFeatures`), the sizes of each mode, the verifier's reference workload
 `small_step`, `CompileTiming`, the visible cells' fixtures (`FakeClock`, `ScriptedBuild`, and from
@@ -70,6 +74,7 @@ import torch
 from torch import nn
 
 from perflab import env
+from perflab.labs import predict
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -568,6 +573,10 @@ def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
             "claim": encode(answers.get("CLAIM"))}
 
 
+# The predictions written before a headline measurement, by the key of their graded cell
+# (`test_predict_<key>`): the value's name and its one line of why.
+PREDICTIONS = {"break_even": ("PREDICT_BREAK_EVEN", "WHY_BREAK_EVEN")}
+
 PROBES = {
     "test_graph_breaks_visible": _probe_breaks_visible,
     "test_graph_breaks_hidden": _probe_breaks_hidden,
@@ -581,4 +590,5 @@ PROBES = {
     "test_no_recompile_visible": lambda answers, seed: _probe_no_recompile(answers, seed, True),
     "test_no_recompile_hidden": lambda answers, seed: _probe_no_recompile(answers, seed, False),
     "test_choice_verified": _probe_choice,
+    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }

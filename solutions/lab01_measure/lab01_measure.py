@@ -196,10 +196,12 @@ RESULTS["baseline"] = {"step_time": reference.as_stat()}
 # single call before and after a change mean little?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_timing", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine). On a 2-core laptop CPU the first forward pass took several
-# times the median (allocator growth, oneDNN choosing kernels, cold caches) and the second was already
-# close; one or two warm-up calls suffice here, three is a safe default. p95 sat 10–30% above the
-# median because other processes and frequency changes steal cores: noise only adds time, so the
+# Rubric (depends on the machine). A good answer reads the student's own plot: how many calls warm-up
+# took and how much slower the first call was than the median (allocator growth, oneDNN choosing
+# kernels, cold caches), and how far p95 sat above the median, explained by what steals cores (other
+# processes, frequency changes). On the reference machine (2 cores), for instance, the first forward
+# pass took several times the median, the second was already close, and p95 sat 10–30% above the
+# median. The answer should say that noise only adds time, so the
 # median and low quantiles are stable and the tails are not. A single call before and after a change
 # compares two draws from these distributions: the warm-up of the first and a noisy tail can each be
 # larger than the effect, so a claimed speedup needs many calls, a median, and a spread beside it.
@@ -964,16 +966,18 @@ print(verdict)
 # your verdict would flip.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_bottleneck", "locked": false, "points": 6, "schema_version": 3, "solution": true, "task": false}
-# Model answer (2-core laptop CPU, laptop mode). The model limits this step: data is about 15–25% of the
-# step with `num_workers=0`, under the 30% threshold, while forward + backward take most of the rest.
-# On the CPU roofline (ridge near 10 FLOP/B) the 3×3 convolutions sit at intensities of 50–200 FLOP/B,
-# compute-bound, yet run at 20–40% of the measured matmul peak; the 1×1 downsample convolutions and
-# the fc layer are memory-bound but hold little of the time, so the model is compute-bound.
-# torch.profiler agrees: `mkldnn_convolution` and its backward dominate the self time. First try
-# overlapping the loader with the model (`num_workers=2`, lab 2): it removes the data share almost
-# entirely here, a 15–25% gain, leaving a purely compute-bound step; after that only cheaper arithmetic
-# (bf16 on AMX CPUs, lab 3) helps. On a GPU the verdict flips: the model becomes ten times faster, the
-# single-process JPEG pipeline does not, and the data share rises above half.
+# Rubric. A good answer argues the verdict from the student's own numbers: the phase shares (data
+# against the threshold), the roofline (which layers are memory-bound, how far below the roof the
+# compute-bound convolutions run) and the profilers' top ops; names a first optimisation with the
+# change it expects in those numbers; and names the hardware on which the verdict flips. On the
+# reference machine (2 cores, laptop mode), for instance, data was about 15–25% of the step with
+# `num_workers=0`, under the 30% threshold, and the 3×3 convolutions ran at 20–40% of the measured
+# matmul peak (intensities of 50–200 FLOP/B against a ridge near 10 FLOP/B: compute-bound); the
+# 1×1 downsample convolutions and the fc layer were memory-bound but held little of the time, and
+# `mkldnn_convolution` and its backward dominated the self time. Overlapping the loader with the
+# model (`num_workers=2`, lab 2) would remove the data share, leaving a compute-bound step; after
+# that only cheaper arithmetic (bf16 on AMX CPUs, lab 3) helps. On a GPU the verdict flips: the model
+# becomes far faster, the single-process JPEG pipeline does not, and the data share rises above half.
 
 # %% [markdown]
 # ## Part 10 — The mystery pipeline

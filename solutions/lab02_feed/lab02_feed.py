@@ -22,9 +22,10 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 30 |
+# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 26 |
 # | `measure_data_wait(batches, step, steps, *, clock=time.perf_counter) -> DataWait` | wall-clock seconds of `iter(batches)`, of each `next(it)` and of each `step(batch)`, and each batch's size | 15 |
 # | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 10 |
+# | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 4 |
 # | `BEST` | your fastest loader, as `BASELINE.replace(...)` of loader knobs only; it must consume the baseline's samples | 10 |
 # | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware | 15 |
 # | four written answers | reasoning from your own measurements | 20 |
@@ -53,7 +54,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, phases, timing, workload
-from perflab.labs import common, lab02
+from perflab.labs import common, lab02, predict
 from perflab.labs.lab02 import DataWait
 
 # torch warns when a loader asks for more workers than the machine has cores. This lab does that on
@@ -91,7 +92,7 @@ print(f"\ndata-wait share of a step: {BEFORE.share('data'):.1%} (dominant phase:
 
 
 # %% [markdown]
-# ## 2. A loader you can trust (30 points)
+# ## 2. A loader you can trust (26 points)
 #
 # Before making a loader fast, make it right. A loader that silently drops the ragged last batch,
 # repeats a sample, or changes the order when you add workers makes every later comparison
@@ -132,14 +133,14 @@ def make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False,
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_make_loader_visible", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_make_loader_visible", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # Every sample once per epoch, full batches then a ragged last one (IndexData(i) yields (tensor([i, i]), i)).
 for args in [(20, 4, 0), (23, 5, 0), (23, 5, 2), (3, 8, 0)]:
     problems = lab02.loader_problems(make_loader, *args)
     assert not problems, problems[0]
 print("make_loader: every sample exactly once per epoch, ragged last batch kept")
 
-# %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random data set sizes, batch sizes (a ragged last batch) and worker counts, and the options.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
@@ -255,9 +256,8 @@ WORK = workload.build(BASELINE)
 baseline_wait = measure_data_wait(make_loader(DATA, S.batch_size, 0, seed=0), train_on(WORK), S.sweep_steps)
 print("baseline loader:", baseline_wait.describe(skip=1))
 
-
 # %% [markdown]
-# ## 4. How many workers? (10 points)
+# ## 4. How many workers? (14 points)
 #
 # With `num_workers=n` the loader starts `n` processes; each builds whole batches and queues them,
 # so decoding can run *while* the model trains. Two sweeps, both timed on the wall clock including
@@ -272,6 +272,35 @@ print("baseline loader:", baseline_wait.describe(skip=1))
 # The dashed line marks this machine's core count. Think about what a worker needs: a core to
 # decode on. The training process wants cores too: torch runs the model's convolutions on
 # `BASELINE.threads` thread(s) in this lab.
+#
+# Each training run times `S.sweep_steps` steps after the batches the workers had ready before the
+# first step (`2 * num_workers + 2`, as for the loader alone): those were decoded while nothing
+# waited for them, and timing them would flatter the workers. It reads on across epochs, with
+# persistent workers, as the loader alone does.
+
+# %% [markdown]
+# **Predict first (2 points).** Before the sweep runs, write down how much faster *training* will be
+# with the best worker count than with none on this machine, as a speedup (`PREDICT_WORKERS`; 1.0
+# means no faster), and one line of why (`WHY_WORKERS`). Reason from section 1's phase table (how much
+# of the step is data wait), the core count and `BASELINE.threads`. It is graded on being written,
+# not on being right: the sweep prints it beside what it measures, and being wrong is how you learn
+# what you had not accounted for.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_workers", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_WORKERS = 1.3
+WHY_WORKERS = "the data wait is a large share of the step and the model trains on one thread, so a worker decodes on a core it leaves free"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_workers", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_WORKERS", PREDICT_WORKERS, "WHY_WORKERS", WHY_WORKERS)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check("test_predict_workers", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_WORKERS =", PREDICT_WORKERS)
+
 
 # %%
 def epochs(loader, count):
@@ -290,13 +319,17 @@ for n in common.progress(order, desc="num_workers sweep"):
     ready = 2 * n + 2
     alone = measure_data_wait(epochs(loader, 100), lambda batch: None, ready + S.sweep_batches)
     del loader
-    fed = measure_data_wait(make_loader(DATA, S.batch_size, n, seed=0), train_on(WORK), S.sweep_steps)
-    if fed.throughput(skip=1) > train_sweep.get(n, 0.0):
-        train_sweep[n], share_sweep[n] = fed.throughput(skip=1), fed.share(skip=1)
+    fed = measure_data_wait(epochs(make_loader(DATA, S.batch_size, n, seed=0, persistent_workers=n > 0), 100),
+                            train_on(WORK), ready + S.sweep_steps)
+    if fed.throughput(skip=ready) > train_sweep.get(n, 0.0):
+        train_sweep[n], share_sweep[n] = fed.throughput(skip=ready), fed.share(skip=ready)
     loader_sweep[n] = max(loader_sweep.get(n, 0.0), alone.throughput(skip=ready))
 for n in COUNTS:
     print(f"num_workers={n}: loader alone {loader_sweep[n]:8.0f} samples/s   "
           f"training {train_sweep[n]:6.0f} samples/s   data-wait share {share_sweep[n]:.1%}")
+SWEEP_BEST = max(train_sweep, key=train_sweep.get)
+print(predict.beside(f"training speedup, {SWEEP_BEST} workers against none", globals().get("PREDICT_WORKERS"),
+                     train_sweep[SWEEP_BEST] / train_sweep[0]))
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
 ax1.plot(COUNTS, [loader_sweep[n] for n in COUNTS], "o-", label="loader alone")
@@ -323,8 +356,8 @@ plt.show()
 #
 # **Workers need free cores.** With `num_workers=0` decoding and the model take turns. A worker
 # overlaps them only on a core the training threads leave free: `BASELINE` trains on one thread, so
-# even a 2-core laptop has a core to decode on. Measured on 2 cores (photo set, 32 px, batch 16),
-# one or two workers made a step 1.4-1.5x faster; past the free cores, workers only queue for them. The
+# even a 2-core laptop has a core to decode on. How much that overlap buys is what your sweep just
+# measured: at most the data wait it hides; past the free cores, workers only queue for them. The
 # autograder's expectation comes from the reference solution measured on the grading hardware: where
 # it gains, keeping the baseline fails; where it gains nothing, the bar is "no slower than the
 # baseline".
@@ -370,22 +403,44 @@ print("workers chosen from the loader-alone sweep:", pick_workers(loader_sweep))
 # %% [markdown]
 # What if the training process takes every core? The next cell gives torch's threads all of them
 # (`BASELINE.replace(threads=CORES)`) and times training again without workers and with the count
-# you picked. On a 2-core CPU the workers then gain little or lose (measured 0.9-1.06x): they and the
-# convolutions take turns on the same cores, and what the overlap saves, slower convolutions pay back. On a machine
-# with cores to spare, both settings gain.
+# you picked.
+#
+# **Predict first (2 points).** With torch on every core, what speedup will the workers give over
+# none (`PREDICT_CROWDED`), and why (`WHY_CROWDED`, one line)? Think about who runs on which core:
+# the workers decode on cores, and the convolutions now want all of them. Graded on being written,
+# never on being right.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_crowded", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_CROWDED = 1.0
+WHY_CROWDED = "torch's threads now take every core, so workers only take turns with the convolutions on the same cores"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_crowded", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_CROWDED", PREDICT_CROWDED, "WHY_CROWDED", WHY_CROWDED)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check("test_predict_crowded", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_CROWDED =", PREDICT_CROWDED)
 
 # %%
 crowded_workers = max(1, pick_workers(train_sweep))
 crowded = {}
 for n in (0, crowded_workers):
     crowded_work = workload.build(BASELINE.replace(threads=CORES))
-    run = measure_data_wait(make_loader(DATA, S.batch_size, n, seed=0), train_on(crowded_work), S.sweep_steps)
-    crowded[n] = run.throughput(skip=1)
+    ready = 2 * n + 2  # as in the sweep: batches ready before the first step are not timed
+    run = measure_data_wait(epochs(make_loader(DATA, S.batch_size, n, seed=0, persistent_workers=n > 0), 100),
+                            train_on(crowded_work), ready + S.sweep_steps)
+    crowded[n] = run.throughput(skip=ready)
     crowded_work.close()
 env.set_threads(BASELINE.threads)  # back to the lab's thread count for everything below
 for threads, rates in ((BASELINE.threads, train_sweep), (CORES, crowded)):
     print(f"torch on {threads} thread(s): {rates[0]:6.0f} samples/s without workers, "
           f"{rates[crowded_workers]:6.0f} with {crowded_workers} ({rates[crowded_workers] / rates[0]:.2f}x)")
+print(predict.beside(f"speedup of {crowded_workers} workers with torch on {CORES} threads",
+                     globals().get("PREDICT_CROWDED"), crowded[crowded_workers] / crowded[0]))
 
 # %% [markdown]
 # **Question 1 (5 points).** Describe your sweep: where does the loader alone stop gaining, where
@@ -393,17 +448,18 @@ for threads, rates in ((BASELINE.threads, train_sweep), (CORES, crowded)):
 # two curves from what a worker needs and what the model needs.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_sweep", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine; accept any answer that reads the student's own curves correctly).
-# On a 2-core CPU the loader alone roughly doubles from 0 to 2 workers (two decoders on two cores)
-# and flattens or drops beyond 2, where workers only queue for the same cores. Training gains about
-# 1.4-1.5x from 1 worker and no more from 2: the model trains on one thread, so one worker decodes
-# on the other core while it trains, and the data-wait share falls from about a third of the step
-# to near zero; from then on the model sets the pace and more workers only compete for the two
-# cores. The gap between the curves is the model's own time: the loader alone can feed far more
-# samples than one training thread consumes. Given both cores (the cell above), torch's threads and
-# the workers take turns and workers gain little or lose (0.9-1.06x). On a GPU machine with many cores the
-# training curve follows the loader curve until the data-wait share reaches ~0 (the GPU sets the
-# pace), usually at a handful of workers, well below the core count.
+# Rubric (the student's own curves decide; accept any answer that reads them correctly). A good answer:
+# * says where the loader alone stops gaining and ties it to the core count: a worker needs a core to
+#   decode on, and past the free cores workers only queue for them;
+# * says where training stops gaining and why: once the data-wait share is near zero the model sets
+#   the pace, and more workers only compete for cores;
+# * explains the gap between the curves as the model's own time per batch;
+# * uses the crowded run: with torch on every core, workers and convolutions take turns on the same
+#   cores, so the gain shrinks or turns into a loss;
+# * sets both predictions beside the measurements and names what the prediction missed.
+# On the reference machine (2 cores, photo set, 32 px, batch 16), for instance, training gained
+# 1.4-1.5x with one worker and no more with two, and 0.9-1.06x beside two torch threads; a GPU machine
+# with many cores follows the loader curve until the data-wait share reaches about zero.
 
 # %% [markdown]
 # ## 5. Pinned memory and asynchronous copies
@@ -428,9 +484,18 @@ if DEVICE.type == "cuda":
         m = timing.benchmark(lambda host=host: host.to(DEVICE, non_blocking=True), device=DEVICE, label=name)
         pin_results[name] = m.median
         print(f"{name:>9}: {m.median * 1e6:8.1f} us per {tuple(sample.shape)} batch copy")
-    pinned_wait = measure_data_wait(make_loader(DATA, S.batch_size, 2, seed=0, pin_memory=True),
-                                    train_on(WORK, non_blocking=True), S.sweep_steps)
-    print("pinned + non_blocking training:", pinned_wait.describe(skip=1))
+    # The A/B: the same workers and non_blocking copies, pageable against pinned, in alternating order
+    # (each keeps its best round), after the batches the workers had ready before the first step.
+    pin_ready = 2 * 2 + 2
+    pin_training = {}
+    for pinned in [False, True] * S.sweep_rounds:
+        loader = make_loader(DATA, S.batch_size, 2, seed=0, pin_memory=pinned, persistent_workers=True)
+        run = measure_data_wait(epochs(loader, 100), train_on(WORK, non_blocking=True), pin_ready + S.sweep_steps)
+        pin_training[pinned] = max(pin_training.get(pinned, 0.0), run.throughput(skip=pin_ready))
+    for pinned, rate in pin_training.items():
+        print(f"{'pinned' if pinned else 'pageable':>9} + non_blocking training: {rate:8.0f} samples/s")
+    print(f"pinned against pageable: {pin_training[True] / pin_training[False]:.2f}x")
+    pin_results["training_speedup"] = pin_training[True] / pin_training[False]
 else:
     print(f"No CUDA device here ({DEVICE.type}): pin_memory has no effect, nothing to measure.")
 
@@ -568,15 +633,14 @@ assert lab02.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # did the time go?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_share", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine). On a 2-core CPU the data phase is about a third to a half
-# of the baseline's step (decoding and cropping 16 photo-sized JPEGs in the training process) and
-# drops to near zero with a worker, which decodes on the core the one training thread leaves free.
-# The step shrinks by about the wait it lost, a 1.4-1.5x speedup, re-measured by the autograder
-# above its bar; forward and backward cost what they did. Had torch's threads held both cores, the
-# wait would only have moved onto the same cores, and the step would not have shrunk. On a GPU the
-# data phase of the baseline is most of the step (the GPU idles while one CPU core decodes); with
-# workers it falls to near zero and the step shrinks to the GPU's forward+backward+optimizer, a
-# several-fold speedup.
+# Rubric (depends on the machine). A good answer quotes the data-wait share before and after from
+# the two phase tables, compares the step's change with the wait it lost (a loader change can at
+# best remove the wait; forward and backward should cost what they did), and, where the step shrank
+# by less, says where the time went (workers competing with the model's threads for cores, a copy
+# to the device). It sets `CLAIM` beside the autograder's re-measured CI. On the reference machine
+# (2 cores, photo set), for instance, the data phase fell from about a third of the step to near
+# zero with one worker and the step shrank about 1.4-1.5x; on a GPU the baseline's data phase is
+# most of the step, so the gain is several-fold.
 
 # %% [markdown]
 # **Question 3 (5 points).** Which of `pin_memory` (with `non_blocking`), `persistent_workers` and
@@ -584,7 +648,8 @@ assert lab02.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # which ones cannot matter on your hardware and why.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_knobs", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine). `pin_memory` cannot matter on a CPU-only machine: there is no host-to-device copy
+# Rubric (depends on the machine): each knob with the student's own figure, or why it cannot matter
+# here. For instance: `pin_memory` cannot matter on a CPU-only machine: there is no host-to-device copy
 # (on CUDA, pinned + non_blocking copies let the copy overlap the previous step's kernels and
 # remove the h2d phase from the critical path). `persistent_workers` removes the per-epoch
 # start-up (tens to hundreds of ms here: the fork and the first batches), which matters when epochs
@@ -597,7 +662,8 @@ assert lab02.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # loader or the model? What would you change next, and which later lab teaches it?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_pace", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine). With `BEST` the data-wait share is near zero, so the model sets the pace:
+# Rubric (depends on the machine): the answer reads the pace from `BEST`'s phase table. For instance,
+# where the data-wait share is near zero, the model sets the pace:
 # forward and backward dominate the step. On a 2-core CPU more threads for the model would take the
 # workers' core back, so the next lever is the model's own cost: bf16 autocast where the CPU has
 # bf16 hardware (Lab 3), channels_last, or smaller images. On a GPU, mixed precision (Lab 3) and

@@ -25,7 +25,7 @@
 # | 2 | activation memory against batch size, and a linear fit | — | — |
 # | 3 | gradient checkpointing per ResNet stage, BatchNorm handled | `checkpoint_stages` | 25 |
 # | 4 | the largest batch that fits a memory budget | `largest_batch` | 20 |
-# | 5 | what checkpointing costs, re-measured by the autograder | — | 15 |
+# | 5 | what checkpointing costs: your prediction first, then re-measured by the autograder | `PREDICT_COST`, `WHY_COST` | 15 |
 # | 6 | gradient accumulation, and the BatchNorm caveat | `accumulate_gradients` | 20 |
 # | — | written analysis (graded by hand) | four answers | 20 |
 #
@@ -66,7 +66,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: F4
 
 from perflab import dataset, env, memory, timing, workload
 from perflab.counting import restoring_buffers
-from perflab.labs import common, lab04, lab04_measure
+from perflab.labs import common, lab04, lab04_measure, predict
 
 common.setup_notebook()
 LAB = lab04.LAB
@@ -429,9 +429,16 @@ LARGEST = {"budget_bytes": int(BUDGET), "plain": fit_plain, "checkpointed": fit_
 # %% [markdown]
 # ## Part 5 — What it costs (15 points)
 #
-# Checkpointing every stage runs nearly the whole forward pass twice, and a forward pass is about a
-# third of a training step (backward is about twice the forward). Expect the step to be **slower**,
-# by up to about a third. The grade here is not for speed: it is for memory saved at a bounded cost.
+# Checkpointing every stage runs nearly the whole forward pass twice: once in the forward, once more
+# in backward to rebuild what was not kept. How much slower that makes a *step* depends on what share
+# of the step the recomputed forward is; you can estimate it from how the backward's work compares
+# with the forward's (section 1 counted both). The grade here is not for speed: it is for memory saved
+# at a bounded cost.
+#
+# **Predict first (2 points).** Before the next cells measure it, write the speedup you expect of the
+# checkpointed step over the plain one (`PREDICT_COST`, a positive number: below 1 means slower) and
+# one line of why (`WHY_COST`). It is graded on being written, never on being right; the measurement
+# prints it beside what it finds.
 #
 # The next cell times a training step of the lab's workload with and without your checkpointing
 # (interleaved blocks, bootstrap CI: `perflab.timing.compare`); its "speedup" is below 1, and that is
@@ -439,10 +446,25 @@ LARGEST = {"budget_bytes": int(BUDGET), "plain": fit_plain, "checkpointed": fit_
 # re-measure it in a fresh interpreter, checking first that it trains identically to the plain
 # model. The same fresh process measures what your checkpoint buys on the workload itself: the
 # activation bytes one training step keeps for backward, plain and checkpointed. It passes when that
-# memory falls by at least 80% of what checkpointing every stage gives, and the speedup's confidence
-# interval stays above the bar for this hardware: calibrated from the reference solution on the
-# grading machine, or, where none was calibrated, perflab's conservative rule for a known cost (no
-# slower than half speed).
+# memory falls by at least `lab04.MIN_WORKLOAD_SAVING_SHARE` of what checkpointing every stage gives,
+# and the speedup's confidence interval stays above the bar for this hardware: calibrated from the
+# reference solution on the grading machine, or, where none was calibrated, perflab's conservative
+# rule for a known cost (`perflab.verify.expectations.COST_FLOOR`).
+
+# %% nbgrader={"grade": false, "grade_id": "predict_cost", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_COST = 0.75
+WHY_COST = "backward does about twice the forward's work, and checkpointing every stage adds about one more forward: 3 units become 4"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_cost", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_COST", PREDICT_COST, "WHY_COST", WHY_COST)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check("test_predict_cost", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_COST =", PREDICT_COST)
 
 # %%
 base_work = workload.build(BASELINE)
@@ -454,10 +476,11 @@ COMPARISON = timing.compare(lambda: workload.train_step(base_work), lambda: work
 CLAIM = COMPARISON.speedup
 print(COMPARISON)
 print(f"\nthe checkpointed step takes {1 / CLAIM - 1:+.0%} time")
+print(predict.beside("checkpointed step against plain", globals().get("PREDICT_COST"), CLAIM))
 base_work.close()
 ckpt_work.close()
 
-# %% nbgrader={"grade": true, "grade_id": "checkpoint_cost_verified", "locked": true, "points": 15, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "checkpoint_cost_verified", "locked": true, "points": 13, "schema_version": 3, "solution": false, "task": false}
 # The autograder's re-measurement: your checkpoint_stages exported, a fresh interpreter, the
 # correctness gate, the activation memory it keeps, interleaved blocks, bootstrap CI, the bar of this hardware.
 CANDIDATE = lab04.export_candidate(common.results_path(LAB).with_name("lab04_candidate.py"), checkpoint_stages,
@@ -564,15 +587,14 @@ print(f"activations alive: one micro-batch of {S.batch_size} {memory.format_byte
 # (think about resolution and channels)?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_memory_model", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (laptop mode, 64 px). The fit is exact (residuals of a few bytes): about 1.7 MiB per
-# image without checkpointing and about 0.85 MiB with every stage checkpointed, with a fixed cost of
-# 75 KiB (BatchNorm's per-channel statistics; about 1 KiB left when checkpointed). The static floor
-# (parameters, gradients, momentum) is 128 MiB, so activations overtake it at about 74 images of 64 px;
-# at 224 px (12x the pixels, 21 MiB per image) that happens at about 6 images, which is why activations
-# dominate GPU training. `layer1` saves the most on its own (about 450 KiB per image against 260 KiB for
-# layer2, 140 KiB for layer3 and 90 KiB for layer4): it runs at the highest resolution after the stem,
-# and each later stage halves the side (a quarter of the pixels) while only doubling the channels, so
-# its tensors are half the size; layer4 holds most of the parameters and saves the least.
+# Rubric. A good answer quotes the student's own fit: the cost per image and the fixed cost, plain and
+# with every stage checkpointed (the fit should be near exact: saved bytes are linear in the batch);
+# the batch size where activations overtake the static floor (the floor divided by the cost per
+# image); the stage that saved most alone, explained by resolution and channels: each later stage
+# halves the side (a quarter of the pixels) while only doubling the channels, so its tensors are half
+# the size, and `layer1`, at the highest resolution after the stem, saves most. On the reference
+# machine (laptop mode, 64 px), for instance, the fit gave about 1.7 MiB per image plain and 0.85 MiB
+# checkpointed, a floor of 128 MiB overtaken at about 74 images.
 
 # %% [markdown]
 # **Question 2 (5 points).** How much slower was the checkpointed step in your measurement and in the
@@ -580,14 +602,16 @@ print(f"activations alive: one micro-batch of {S.batch_size} {memory.format_byte
 # trade worth making, and when is it not?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_cost", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer. Both measured a speedup of about 0.75-0.8x, i.e. the step took 25-35% longer. That is
-# what the work predicts: backward costs about twice the forward, so a step is about 3 forward units;
-# checkpointing all four stages recomputes nearly the whole forward (all but the stem and the head),
-# about one more unit: 4/3, about 0.75x. It is worth it when memory is what limits you: a batch that
-# would not fit at all, a larger image size, or a batch large enough to use the device well; or when
-# a larger batch lets you drop accumulation steps. It is not worth it when the batch already fits
-# with room to spare: you pay a third more time for memory you do not need. Checkpointing only the
-# early, high-resolution stages buys most of the memory for less recomputation.
+# Rubric. A good answer quotes both figures (the notebook's `CLAIM` with its CI, the autograder's
+# re-measured CI) and sets `PREDICT_COST` beside them; explains the cost from the extra work (backward
+# does about twice the forward's work, so a step is about 3 forward units, and checkpointing every
+# stage recomputes nearly the whole forward, about one more: near 3/4 of the speed) and says why the
+# measurement may differ (the stem and head are not recomputed; memory traffic, not only arithmetic);
+# and says when the trade is worth it (memory is the limit: a batch or image size that would not fit,
+# a batch large enough to use the device, fewer accumulation steps) and when not (the batch fits with
+# room to spare), noting that checkpointing only the early, high-resolution stages buys most of the
+# memory for less recomputation. On the reference machine, for instance, both measured about
+# 0.75-0.8x.
 
 # %% [markdown]
 # **Question 3 (5 points).** With the same budget, how much larger a batch fit with checkpointing?
@@ -595,12 +619,13 @@ print(f"activations alive: one micro-batch of {S.batch_size} {memory.format_byte
 # (On a GPU: how far was the allocator's real peak from the memory model, and why?)
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_budget", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer. With a budget that fits 64 images plain, about 130 fit with every stage checkpointed,
+# Rubric: the student's own two batch sizes, then why the gain is not larger. On the reference machine,
+# for instance, a budget that fit 64 images plain fit about 130 with every stage checkpointed,
 # about twice as many: the per-image activations halve, but not more, because the stem (conv1, bn1,
 # relu, maxpool at full and half resolution) is not checkpointed and saves the largest tensors, each
 # stage's input is kept, and during backward one stage's activations are recomputed and alive at a
-# time. Checkpointing does not touch the static floor at all (parameters, gradients, optimizer state:
-# 128 MiB here), so when the floor dominates the budget (small images) it buys little. On a GPU the
+# time. Checkpointing does not touch the static floor at all (parameters, gradients, optimizer state),
+# so when the floor dominates the budget (small images) it buys little. On a GPU the
 # allocator's peak is above the model: it also holds the batch itself, cuDNN workspaces, gradients of
 # activations during backward and the allocator's rounding of blocks.
 
@@ -610,7 +635,7 @@ print(f"activations alive: one micro-batch of {S.batch_size} {memory.format_byte
 # it in a real training run?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_accumulation", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer. The mean loss over the batch is the sum of the micro-batch mean losses weighted by
+# Rubric: the linearity argument, the student's measured gap quoted, and a remedy. For instance: the mean loss over the batch is the sum of the micro-batch mean losses weighted by
 # n_k / N, and differentiation is linear, so the weighted sum of micro-batch gradients is the batch
 # gradient; backward accumulates into .grad, so scaling each micro-batch loss by n_k / N and calling
 # backward on each leaves exactly that sum (up to fp32 rounding: a gap of about 1e-7 in eval mode).

@@ -16,7 +16,7 @@ from typing import Any
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab02
+from perflab.labs import lab02, predict
 from perflab.labs.lab02 import (
     DATA_WAIT_BAD_STEPS,
     DEFAULT_TOLERANCE,
@@ -172,4 +172,5 @@ JUDGES = {
     "test_pick_workers": judge_pick_workers,
     "test_best_samples": judge_best_samples,
     "test_best_verified": judge_best_verified,
+    **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab02.PREDICTIONS.items()},
 }

@@ -28,7 +28,7 @@ from perflab import memory
 from perflab.counting import restoring_buffers
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab04, lab04_checks, lab04_measure
+from perflab.labs import lab04, lab04_checks, lab04_measure, predict
 from perflab.labs.lab04 import max_calls
 from perflab.labs.lab04_checks import CheckpointCase, memory_function
 from perflab.labs.lab04_measure import cross_entropy_on, full_batch_grads
@@ -442,6 +442,7 @@ JUDGES = {
     "checkpoint_cost_verified": judge_cost,
     "accumulate_visible": judge_accumulate_visible,
     "accumulate_hidden": judge_accumulate_hidden,
+    **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab04.PREDICTIONS.items()},
 }
 
 

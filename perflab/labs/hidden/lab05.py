@@ -21,7 +21,7 @@ import torch
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab05, lab05_checks
+from perflab.labs import lab05, lab05_checks, predict
 from perflab.labs.lab05 import BrokenBlock
 from perflab.labs.lab05_dynamo import quiet
 
@@ -283,6 +283,7 @@ JUDGES = {
     "test_no_recompile_visible": judge_no_recompile_visible,
     "test_no_recompile_hidden": judge_no_recompile_hidden,
     "test_choice_verified": judge_choice,
+    **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab05.PREDICTIONS.items()},
 }
 
 

@@ -1,0 +1,66 @@
+"""Predict, then measure: a prediction is graded on being written, never on being right."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from perflab.labs import lab02, lab04, lab05, predict
+from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.hidden import lab05 as hidden05
+
+WHY = "the data wait is a third of the step"
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 1.3, 40.0, 1e9, math.inf])
+def test_any_positive_number_is_a_prediction(value: float) -> None:
+    assert predict.problems("P", value, "WHY", WHY) == []
+
+
+@pytest.mark.parametrize("value", [None, 0, -1.2, math.nan, "1.3x", True, [1.3]])
+def test_a_missing_or_malformed_value_is_named(value: object) -> None:
+    found = predict.problems("PREDICT_X", value, "WHY_X", WHY)
+    assert len(found) == 1 and found[0].startswith("PREDICT_X: ")
+
+
+@pytest.mark.parametrize("why", [None, "", "idk", "   ", 3])
+def test_a_missing_why_is_named(why: object) -> None:
+    found = predict.problems("PREDICT_X", 1.2, "WHY_X", why)
+    assert len(found) == 1 and found[0].startswith("WHY_X: ")
+
+
+def _judged(namespace: dict) -> str | None:
+    observed = json.loads(json.dumps(predict.observe(namespace, "P", "WHY")))  # what crosses the boundary
+    try:
+        predict.judge(observed, "P", "WHY")
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+def test_the_judge_reads_only_what_the_probe_sent() -> None:
+    assert _judged({"P": 1.3, "WHY": WHY}) is None
+    assert _judged({"P": math.inf, "WHY": WHY}) is None  # "never" is an answer to a break-even
+    assert _judged({"P": 0.01, "WHY": WHY}) is None  # far off is still a prediction: accuracy is not graded
+    assert "P: " in _judged({"WHY": WHY})
+    assert "P: " in _judged({"P": "fast", "WHY": WHY})
+    assert "WHY: " in _judged({"P": 1.3})
+
+
+def test_beside_prints_the_prediction_next_to_the_measurement() -> None:
+    assert predict.beside("speedup", 1.3, 1.42) == "speedup: predicted 1.3x, measured 1.42x"
+    assert predict.beside("break-even", math.inf, math.inf, unit=" steps") == "break-even: predicted never, measured never"
+    assert "no prediction written" in predict.beside("speedup", None, 1.0)
+
+
+@pytest.mark.parametrize(("contract", "hidden"), [(lab02, hidden02), (lab04, hidden04), (lab05, hidden05)])
+def test_each_prediction_has_a_probe_and_a_judge(contract, hidden) -> None:  # noqa: ANN001 - modules
+    for key, (name, why) in contract.PREDICTIONS.items():
+        grade_id = f"test_predict_{key}"
+        observed = contract.PROBES[grade_id]({name: 2.0, why: WHY}, 0)
+        hidden.JUDGES[grade_id](observed, None)
+        with pytest.raises(AssertionError, match=name):
+            hidden.JUDGES[grade_id](contract.PROBES[grade_id]({why: WHY}, 0), None)
