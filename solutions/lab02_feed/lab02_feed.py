@@ -488,7 +488,7 @@ if DEVICE.type == "cuda":
     # (each keeps its best round), after the batches the workers had ready before the first step.
     pin_ready = 2 * 2 + 2
     pin_training = {}
-    for pinned in [False, True] * S.sweep_rounds:
+    for pinned in [p for r in range(S.sweep_rounds) for p in ((False, True) if r % 2 == 0 else (True, False))]:
         loader = make_loader(DATA, S.batch_size, 2, seed=0, pin_memory=pinned, persistent_workers=True)
         run = measure_data_wait(epochs(loader, 100), train_on(WORK, non_blocking=True), pin_ready + S.sweep_steps)
         pin_training[pinned] = max(pin_training.get(pinned, 0.0), run.throughput(skip=pin_ready))
