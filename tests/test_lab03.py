@@ -408,3 +408,27 @@ def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() ->
     assert lab03.FIRST_STEP_RTOL is lab03_checks.FIRST_STEP_RTOL
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         lab03.not_a_name  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict, then measure
+
+
+def test_the_amp_prediction_is_written_before_the_step_is_timed_and_graded_only_on_being_there() -> None:
+    from perflab.labs import predict
+
+    sources = [cell.source for cell in H.source_cells(lab03.LAB)]
+    where = {key: next(i for i, src in enumerate(sources) if needle in src) for key, needle in
+             (("predict", "PREDICT_AMP = "), ("graded", 'check("test_predict_amp"'),
+              ("measure", "compare_precisions("), ("beside", 'globals().get("PREDICT_AMP")'))}
+    assert where["predict"] < where["graded"] < where["measure"] <= where["beside"], where
+    assert set(lab03.PREDICTIONS) == {"amp"}
+    probe, judge = lab03.PROBES["test_predict_amp"], hidden03.JUDGES["test_predict_amp"]
+    why = "convolutions run in bf16 but the optimizer does not"
+    for value in (0.5, 1.0, 3.0):  # far from any measurement is still a prediction
+        judge(probe({"PREDICT_AMP": value, "WHY_AMP": why}, 0), None)
+    for answers in ({"WHY_AMP": why}, {"PREDICT_AMP": 1.3}, {"PREDICT_AMP": -1.0, "WHY_AMP": why}):
+        with pytest.raises(AssertionError):
+            judge(probe(answers, 0), None)
+    assert predict.row("step", None, None, 1.2) == {"name": "step", "predicted": None, "why": None,
+                                                    "measured": 1.2, "unit": "x"}

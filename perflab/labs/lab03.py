@@ -31,6 +31,11 @@ The student writes three things in `solutions/lab03_amp` (the notebook); the tes
         that grades (`expectation_name()`): a real gain on tensor-core GPUs and AMX CPUs, no regression
         where the hardware has nothing to give. `CLAIM` is the speedup measured in the notebook.
 
+    PREDICT_AMP, WHY_AMP (PREDICTIONS)
+        Written BEFORE the whole-step measurement: the speedup over FP32 the fastest low-precision
+        setting is expected to give here (a positive number; 1.0 for none) and one line of why. Graded
+        on being there and being a prediction, never on being right (`perflab.labs.predict`).
+
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline, the lab's names for precisions (`DTYPES`, `as_dtype`, `dtype_name`, `make_scaler`), what each
 kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`, `expectation_name`), the visible
@@ -54,6 +59,7 @@ from typing import Any
 import torch
 
 from perflab import env
+from perflab.labs import predict
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -80,8 +86,8 @@ HARDWARE_NOTES = {
             "and TF32): expect a real gain; the GradScaler is shown at work with fp16.",
     "mps": "fp16 (and bf16 on recent macOS) autocast runs on the Apple GPU; the gain depends on the chip, "
            "from none to modest.",
-    "cpu": "only bf16 autocast is timed on a CPU: a real gain with AMX or AVX-512-BF16 (1.6x re-measured "
-           "on 2 such cores at 64 px, batch 32), a slowdown where bf16 is emulated; fp16 runs only in the checks.",
+    "cpu": "only bf16 autocast is timed on a CPU: a real gain is possible with AMX or AVX-512-BF16 units, a "
+           "slowdown where bf16 is emulated; fp16 runs only in the checks.",
 }
 # The names the lab uses for precisions, and what they are in torch.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -448,6 +454,10 @@ def _probe_config(answers: Any, seed: int) -> dict[str, Any]:
             "claim": encode(answers.get("CLAIM"))}
 
 
+# The prediction written before the headline measurement, by the key of its graded cell
+# (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
+PREDICTIONS = {"amp": ("PREDICT_AMP", "WHY_AMP")}
+
 PROBES = {
     "test_amp_step_visible": _probe_step_visible,
     "test_amp_step_hidden": _probe_step_hidden,
@@ -456,6 +466,7 @@ PROBES = {
     "test_census_hidden": _probe_census_hidden,
     "test_amp_config": _probe_config,
     "test_amp_verified": _probe_config,
+    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }
 
 

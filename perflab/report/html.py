@@ -442,9 +442,25 @@ def _speedups(b: _Builder) -> tuple[str, str]:
               badge(r.get("verdict"))] for i, r in single],
             numeric=(2, 3, 4), raw=True))
         sources.extend(i for i, _ in single if i not in sources)
+    predicted = [(i, p) for i in b.rs.having("predictions") for p in i.sections["predictions"]]
+    if predicted:
+        out.append("<h3>Predicted, then measured</h3>")
+        out.append(table(
+            ["lab", "prediction of", "predicted", "measured", "why (written before measuring)"],
+            [[esc(i.lab), esc(p["name"]), _predicted_value(p.get("predicted"), p.get("unit", "")),
+              _predicted_value(p.get("measured"), p.get("unit", ""), "–"), esc(p.get("why") or "–")]
+             for i, p in predicted], numeric=(2, 3), raw=True))
+        sources.extend(i for i, _ in predicted if i not in sources)
     if not sources:
         return "", ""
     return "".join(out), b.source(sources)
+
+
+def _predicted_value(value: Any, unit: str, missing: str = "none written") -> str:
+    """A prediction or its measurement in a table cell; a missing one says `missing`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return missing
+    return esc(f"{value:.3g}{'×' if unit == 'x' else unit}")
 
 
 def _phases(b: _Builder) -> tuple[str, str]:

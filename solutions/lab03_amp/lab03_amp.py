@@ -27,9 +27,10 @@
 # | --- | --- | --- |
 # | `amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None) -> float` | one training step under `torch.autocast` in `dtype` (plain FP32 for `torch.float32`); with a `GradScaler`: scaled backward, `scaler.step`, `scaler.update`; gradients cleared; the unscaled loss returned | 35 |
 # | `dtype_census(model, images, labels, *, dtype) -> dict` | one forward pass and loss under autocast, counting the dtype each leaf module and the loss produced | 15 |
+# | `PREDICT_AMP`, `WHY_AMP` | your prediction of the whole step's speedup, a number and one line of why, written **before** the measurement (graded on being there, never on being right) | 2 |
 # | `AMP_CONFIG` | your fastest precision setting, as `BASELINE.replace(...)` of `amp_dtype` and `channels_last` only; it must train on the baseline's samples with losses within rounding | 5 |
 # | the re-measured speedup of `AMP_CONFIG` | held to the expectation calibrated for the grading hardware | 25 |
-# | three written answers | reasoning from your own measurements | 20 |
+# | three written answers | reasoning from your own measurements | 18 |
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs the whole
@@ -54,7 +55,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, workload
-from perflab.labs import common, lab03, lab03_figures
+from perflab.labs import common, lab03, lab03_figures, predict
 from perflab.verify import load_expectation
 
 common.setup_notebook()
@@ -369,6 +370,29 @@ for row in MATMUL:
     print(f"{row['dtype']:>5} n={row['n']:>5}: {row['seconds'] * 1e3:8.3f} ms  {row['tflops']:7.3f} TFLOP/s")
 
 # %% [markdown]
+# **Predict first (2 points).** Before you time the whole training step: how much faster will the
+# fastest low-precision setting make a step here, as a speedup over FP32 (`PREDICT_AMP`; 1.0 means no
+# faster), and why (`WHY_AMP`, one line)? Reason from what you have seen: the hardware statement at the
+# top, the matmul timings above, and which operations of a step your census put in the low dtype and
+# which it left in FP32. It is graded on being written, not on being right: the measurement prints it
+# beside what it measures, and the gap is what you had not accounted for.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_amp", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_AMP = 1.3
+WHY_AMP = "the convolutions run in bf16 where the matmul timings showed a gain, but casts, BatchNorm and the optimizer stay as slow"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_amp", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_AMP", PREDICT_AMP, "WHY_AMP", WHY_AMP)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab03 as hidden03
+hidden03.check("test_predict_amp", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_AMP =", PREDICT_AMP)
+
+# %% [markdown]
 # Now the whole training step. Each setting in `CANDIDATES` is timed against the FP32 baseline with
 # `perflab.timing.compare`: interleaved blocks of training steps (A B B A ...), the ratio of their
 # 20th-percentile times, and a bootstrap 95% confidence interval. The dashed line is the bar the
@@ -381,6 +405,9 @@ COMPARISONS = lab03_figures.compare_precisions(CANDIDATES,
 for name, comparison in COMPARISONS.items():
     ci = comparison.ci()
     print(f"{name:>20}: {comparison.speedup:5.2f}x  (95% CI {ci.low:.2f}-{ci.high:.2f}, {comparison.verdict()})")
+FASTEST = max(COMPARISONS, key=lambda name: COMPARISONS[name].speedup)
+print(predict.beside(f"step speedup over FP32 of the fastest setting ({FASTEST})", globals().get("PREDICT_AMP"),
+                     COMPARISONS[FASTEST].speedup))
 lab03_figures.plot_speedups(COMPARISONS, bar=EXPECTATION.threshold,
                             title=f"speedup over FP32, {INFO.device_name} ({S.mode} mode)")
 plt.show()
@@ -431,26 +458,29 @@ assert lab03.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # %% [markdown]
 # ## 7. What you found
 #
-# **Question 1 (7 points).** What did mixed precision give on this machine? Quote your speedups with
+# **Question 1 (5 points).** What did mixed precision give on this machine? Quote your speedups with
 # their confidence intervals (precision alone, channels_last alone, both) and the grader's verdict, and
 # explain them from the hardware in front of you (the statement at the top, the matmul timings). What
 # would you expect on a tensor-core GPU, and why would TF32 make the gain there smaller than the
 # tensor-core rates suggest?
 
-# %% [markdown] nbgrader={"grade": true, "grade_id": "answer_speed", "locked": false, "points": 7, "schema_version": 3, "solution": true, "task": false}
-# Model answer (depends on the machine; accept any answer that reads the student's own numbers and
-# explains them from the hardware). On the 2-core AMD EPYC with AVX-512-BF16 but no AMX, a bf16
-# 1024x1024 matmul ran about 4x faster than FP32, but the whole ResNet-18 step gains far less: about
-# 1.3-1.4x at 64 px and batch 32 on two threads (1.6x on the grader's one thread), and within noise
-# at 32 px and batch 8, where framework overhead dominates. The convolutions are only part of the
-# step, every autocast region adds casts of weights and activations, and BatchNorm, ReLU, the
-# optimizer and the data pipeline do not get faster; channels_last alone changed next to nothing
-# here (1.05x). The grader's bar on this class asks for a gain (calibrated: 0.8 x the reference's
-# lower bound, 1.26x), and the re-measured AMP_CONFIG cleared it. On a tensor-core GPU the convolutions are most of the step and
-# run several times faster in bf16/fp16 with channels_last, and activations take half the bytes, so
-# the step gains clearly; but cuDNN already runs "FP32" convolutions in TF32 on Ampere and later, so
-# the baseline is not plain FP32 and the gain over it is smaller than the ratio of tensor-core to
-# FP32 rates.
+# %% [markdown] nbgrader={"grade": true, "grade_id": "answer_speed", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+# Rubric (5 points; the student's own numbers decide, not any quoted here). A good answer:
+#
+# * quotes the measured speedups with their CIs (precision alone, channels_last alone, both) and the
+#   grader's verdict, sets them beside `PREDICT_AMP`, and says what the prediction had not accounted for;
+# * explains them from this hardware: with bf16 units (AMX, AVX-512-BF16, tensor cores) the low-precision
+#   matmul above runs faster than FP32, but the whole step gains less, because convolutions are only part
+#   of it, autocast adds casts of weights and activations, and BatchNorm, ReLU, the optimizer and the data
+#   pipeline do not get faster; at small images and batches framework overhead hides the gain; without
+#   bf16 units the emulated bf16 step is slower;
+# * on a tensor-core GPU: the convolutions are most of the step and run several times faster in bf16 or
+#   fp16 with channels_last, and activations take half the bytes, so the step gains clearly; but cuDNN
+#   already runs "FP32" convolutions in TF32 on Ampere and later, so the baseline is not plain FP32 and
+#   the gain over it is smaller than the ratio of tensor-core to FP32 rates.
+#
+# On the reference machine, for instance (2 cores with AVX-512-BF16, no AMX), the bf16 matmul ran about
+# 4x faster than FP32 while the whole step at 64 px, batch 32, on one thread gained about 1.6x.
 
 # %% [markdown]
 # **Question 2 (7 points).** Why does fp16 need a GradScaler and bf16 not? Use section 1's table (what
@@ -506,6 +536,8 @@ path = common.save_results(lab03.LAB, {
     "precision_settings": PRECISION_SETTINGS,
     "matmul_shapes": MATMUL,
     "hardware": {"kind": lab03.hardware_kind(INFO), "bar": EXPECTATION.threshold, "bar_kind": EXPECTATION.kind},
+    "predictions": [predict.row(f"step speedup over FP32 of the fastest setting ({FASTEST})",
+                                globals().get("PREDICT_AMP"), globals().get("WHY_AMP"), COMPARISONS[FASTEST].speedup)],
 }, config=AMP_CONFIG)
 print(f"saved {path}")
 

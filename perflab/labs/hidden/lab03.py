@@ -23,7 +23,7 @@ from torch import nn
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab03, lab03_checks
+from perflab.labs import lab03, lab03_checks, predict
 from perflab.labs.lab03 import as_dtype, dtype_name
 from perflab.labs.lab03_checks import CENSUS_FILE, census_case, census_inputs, one_thread
 from perflab.workload import TrainConfig
@@ -206,6 +206,7 @@ JUDGES = {
     "test_census_hidden": judge_census_hidden,
     "test_amp_config": judge_config,
     "test_amp_verified": judge_verified,
+    **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab03.PREDICTIONS.items()},
 }
 
 
