@@ -237,7 +237,7 @@ def _bars(kinds: dict[str, str]):
 
 def test_plan_follows_calibration_and_hardware() -> None:
     plain = {p.change.name: p for p in lab06.plan_changes(_machine(bf16=False), "tiny", expectations=_bars({}))}
-    assert plain["2 loader workers"].action == "try"
+    assert plain["1 loader workers"].action == "try"  # one worker on the core the model leaves free
     assert plain["bf16 autocast"].action == "skip" and "bf16 hardware" in plain["bf16 autocast"].reason
     assert plain["channels_last"].action == "try"
     assert plain["checkpoint every stage"].action == "skip"
@@ -247,7 +247,7 @@ def test_plan_follows_calibration_and_hardware() -> None:
         expectations=_bars({"channels_last": "parity", "compile": "gain", "num_workers": "cost"}))}
     assert amx["bf16 autocast"].action == "try"
     assert amx["channels_last"].action == "skip" and "parity" in amx["channels_last"].reason
-    assert amx["2 loader workers"].action == "skip"
+    assert amx["1 loader workers"].action == "skip"
     assert amx["checkpoint every stage"].action == "force"
     assert amx["torch.compile"].action == "try"
     many = lab06.plan_changes(_machine(cores=32), "tiny", expectations=_bars({}))[0].change
@@ -435,3 +435,72 @@ def test_screening_returns_a_comparison_of_primed_blocks(tiny_data) -> None:
     comparison = lab06_measure.screen(base, base.replace(channels_last=True), s)
     assert comparison.blocks == s.screen_blocks and comparison.block_size == s.block_steps
     assert comparison.ci().low <= comparison.speedup <= comparison.ci().high
+
+
+# ---------------------------------------------------------------------------------------------
+# Lab 6 = labs 2-5 together: the student's own decisions, screened and left out one at a time
+
+
+def test_earlier_decisions_are_read_from_the_sibling_labs_results(tmp_path) -> None:
+    from perflab import results as results_mod
+
+    here = tmp_path / "labs" / LAB
+    here.mkdir(parents=True)
+    assert lab06_report.earlier_decisions(here) == {
+        "loader": None, "precision": None, "compile_mode": None,
+        "found": {"lab02_feed": None, "lab03_amp": None, "lab05_compile": None}}
+    base = TrainConfig(data="tiny", image_size=32, batch_size=8, threads=1)
+    for lab, config, sections in (
+            ("lab02_feed", base.replace(num_workers=1, persistent_workers=True), {"analysis": "loader"}),
+            ("lab03_amp", base.replace(amp_dtype="bf16"), {"analysis": "amp"}),
+            ("lab05_compile", None, {"compile": {"choice": "max-autotune"}})):
+        results_mod.save(tmp_path / "labs" / lab / "results" / f"{lab}.json", lab, sections, config=config)
+    got = lab06_report.earlier_decisions(here)
+    assert got["loader"] == {"num_workers": 1, "persistent_workers": True}
+    assert got["precision"] == {"amp_dtype": "bf16"}
+    assert got["compile_mode"] == "max-autotune"
+    assert all(got["found"].values())
+
+
+def test_the_plan_is_the_students_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    info = _machine(bf16=True)
+    plan = lab06.plan_from({"num_workers": 1, "persistent_workers": True}, {"amp_dtype": "bf16"}, None, info)
+    assert [(p.action, dict(p.change.fields)) for p in plan] == [
+        ("try", {"num_workers": 1, "persistent_workers": True}), ("try", {"amp_dtype": "bf16"}),
+        ("skip", {"checkpoint_stages": 4}), ("skip", {"compile_mode": None})]
+    kept_nothing = lab06.plan_from({}, {}, None, info, memory_needed=True)
+    assert [p.action for p in kept_nothing] == ["skip", "skip", "force", "skip"]
+    assert lab06.plan_from(None, None, "default", info)[-1].action == "try"
+
+
+def test_the_reference_loader_leaves_the_model_its_own_core() -> None:
+    """Never the crowded setting lab 2 showed loses: workers only on the cores TRAIN_THREADS leave free."""
+    for cores, workers in ((2, 1), (4, 3), (16, 4), (1, 1)):
+        assert lab06.loader_change(_machine(cores=cores)).fields["num_workers"] == workers
+    assert lab06.baseline_config("grade").threads == lab06.TRAIN_THREADS == lab06.VERIFY_THREADS
+
+
+def test_leave_one_out_drops_one_change_and_keeps_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    base = lab06.baseline_config()
+    loader = base.replace(num_workers=1, persistent_workers=True)
+    both = loader.replace(amp_dtype="bf16")
+    chain = [("baseline", base), ("loader", loader), ("bf16", both)]
+    assert lab06.without(chain, "loader") == base.replace(amp_dtype="bf16")
+    assert lab06.without(chain, "bf16") == loader
+    with pytest.raises(ValueError, match="baseline"):
+        lab06.without(chain, "baseline")
+
+
+def test_the_cumulative_prediction_is_graded_on_being_there_only() -> None:
+    probe, judge = lab06.PROBES["test_predict_cumulative"], hidden06.JUDGES["test_predict_cumulative"]
+    why = "the product of the kept screening speedups"
+    judge(probe({"PREDICT_CUMULATIVE": 0.2, "WHY_CUMULATIVE": why}, 0), None)
+    for answers in ({"WHY_CUMULATIVE": why}, {"PREDICT_CUMULATIVE": 1.2, "WHY_CUMULATIVE": "x"}):
+        with pytest.raises(AssertionError):
+            judge(probe(answers, 0), None)
+    sources = [cell.source for cell in H.source_cells(LAB)]
+    first = {needle: next(i for i, src in enumerate(sources) if needle in src)
+             for needle in ("PREDICT_CUMULATIVE = ", "measure_chain(", 'globals().get("PREDICT_CUMULATIVE")')}
+    assert list(first.values()) == sorted(first.values()), first

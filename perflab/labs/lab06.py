@@ -25,15 +25,24 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
         positive finite number: ValueError naming the row.
 
     FINAL: TrainConfig, CHAIN: list[(name, TrainConfig)]
-        The greedy ablation: starting from BASELINE, each change `plan_changes` says to try is
-        added to the configuration kept so far and screened (`lab06_measure.screen`); it stays when its step
-        speedup's CI lies above KEEP_ABOVE, and a change memory demands stays regardless. CHAIN is
+        The greedy ablation: starting from BASELINE, each change of the plan built from the student's
+        own decisions in labs 2, 3 and 5 (`plan_from`: lab 2's loader, lab 3's precision, lab 5's
+        compile mode, read by `lab06_report.earlier_decisions` or re-entered) is added to the
+        configuration kept so far and screened (`lab06_measure.screen`); the student decides from the
+        screening whether it stays (the reference keeps it when its CI lies above KEEP_ABOVE), and a
+        change memory demands stays regardless. Each kept change is then timed leave-one-out
+        (`without`): FINAL against FINAL without it. CHAIN is
         ("baseline", BASELINE) followed by one (name, config) per change kept, each config the one
         before plus that change; FINAL is CHAIN's last config. FINAL may differ from BASELINE in
         SPEED_FIELDS only. The grader re-measures FINAL against BASELINE in a fresh process with
         `perflab.verify` (correctness gate included) and holds it to the bar calibrated for the
         grading hardware (entry EXPECTATION); its accuracy after a short fixed-seed run must stay
         within `accuracy_tolerance` of the baseline's.
+
+    PREDICT_CUMULATIVE, WHY_CUMULATIVE (PREDICTIONS)
+        Written BEFORE the ablation is timed: the cumulative speedup FINAL is expected to reach over the
+        baseline (a positive number; 1.0 for none) and one line of why. Graded on being there and being a
+        prediction, never on being right (`perflab.labs.predict`).
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline, the changes this hardware can benefit from (`plan_changes`, from the calibration) and the
@@ -61,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab import env, stats
+from perflab.labs import predict
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -209,8 +219,10 @@ class Plan:
 
 
 def loader_change(info: env.MachineInfo) -> Change:
-    """Loader workers (one per core, at most 4), kept alive across epochs; pinned memory on CUDA."""
-    workers = max(1, min(info.cpu_count, 4))
+    """Loader workers on the cores the model's TRAIN_THREADS leave free (at least 1, at most 4), kept alive
+    across epochs; pinned memory on CUDA. Never workers beside torch threads on every core: lab 2 showed
+    that crowded setting gains little or loses."""
+    workers = max(1, min(info.cpu_count - TRAIN_THREADS, 4))
     fields = {"num_workers": workers, "persistent_workers": True, "prefetch_factor": 2}
     if info.device == "cuda":
         fields["pin_memory"] = True
@@ -276,6 +288,77 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
         plans.append(Plan(compile_change, "skip", f"not calibrated here; on {info.device} in {mode} mode "
                           "compiling ResNet-18 costs minutes and gains nothing measurable (lab 5)"))
     return plans
+
+
+# The knobs each earlier lab decided, as lab 6 takes them over: lab 2's loader, lab 3's precision,
+# lab 5's compile mode.
+LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+PRECISION_FIELDS = ("amp_dtype", "channels_last")
+
+
+def decided_fields(config: Any, fields: Sequence[str]) -> dict[str, Any]:
+    """The `fields` of an earlier lab's exported TrainConfig (or its `to_dict()`) that differ from a plain
+    TrainConfig's: what that lab's decision changed ({} when it kept its baseline)."""
+    if config is None:
+        return {}
+    data = config.to_dict() if isinstance(config, TrainConfig) else dict(config)
+    plain = TrainConfig().to_dict()
+    return {f: data[f] for f in fields if f in data and data[f] != plain[f]}
+
+
+def plan_from(loader: Mapping[str, Any] | None, precision: Mapping[str, Any] | None, compile_mode: str | None,
+              info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False) -> list[Plan]:
+    """The ablation's changes from the student's own decisions in labs 2, 3 and 5, in that order.
+
+    `loader`: the loader fields lab 2's BEST changed ({} or None: it kept no workers); `precision`: the
+    fields lab 3's AMP_CONFIG changed; `compile_mode`: lab 5's CHOICE (None: do not compile). Each decision
+    that changed something is tried (screened on top of what is kept); one that changed nothing is
+    skipped, since that lab's own measurement found nothing to gain. Checkpointing is a cost: forced when
+    memory demands it, else skipped.
+    """
+    base = baseline_config(mode)
+    plans = []
+    fields = {k: v for k, v in dict(loader or {}).items() if k in LOADER_FIELDS}
+    if base.num_workers > 0 and fields:
+        plans.append(Plan(Change("your lab 2 loader", fields, "num_workers"), "skip",
+                          f"this device's baseline already loads with {base.num_workers} workers"))
+    elif fields.get("num_workers"):
+        workers = fields["num_workers"]
+        plans.append(Plan(Change(f"your lab 2 loader ({workers} worker{'s' if workers != 1 else ''})", fields, "num_workers"),
+                          "try", "lab 2's BEST: measure it on this workload, beside the rest"))
+    else:
+        plans.append(Plan(Change("your lab 2 loader", {"num_workers": 0}, "num_workers"), "skip",
+                          "lab 2's BEST kept the training process loading its own data"))
+    fields = {k: v for k, v in dict(precision or {}).items() if k in PRECISION_FIELDS}
+    name = "your lab 3 precision (" + (", ".join(f"{k}={v}" for k, v in fields.items()) or "fp32") + ")"
+    plans.append(Plan(Change(name, fields or {"amp_dtype": None}, f"amp_{fields.get('amp_dtype', 'bf16')}"),
+                      "try" if fields else "skip",
+                      "lab 3's AMP_CONFIG: measure it on top of the loader" if fields
+                      else "lab 3's AMP_CONFIG kept FP32"))
+    ckpt = Change("checkpoint every stage", {"checkpoint_stages": REFERENCE_CHECKPOINT_STAGES}, "checkpoint")
+    plans.append(Plan(ckpt, "force", "the baseline's batch does not fit the memory budget without it")
+                 if memory_needed else
+                 Plan(ckpt, "skip", "the batch fits in memory: checkpointing would only cost time"))
+    plans.append(Plan(Change(f"your lab 5 compile ({compile_mode})", {"compile_mode": compile_mode}, "compile"),
+                      "try", "lab 5's CHOICE: measure it on top of the rest (compilation happens in the warm-up)")
+                 if compile_mode else
+                 Plan(Change("your lab 5 compile", {"compile_mode": None}, "compile"), "skip",
+                      "lab 5's CHOICE was not to compile"))
+    return plans
+
+
+def without(chain: Sequence[tuple[str, TrainConfig]], name: str, mode: str | None = None) -> TrainConfig:
+    """The last configuration of `chain` with the change named `name` left out: the baseline with every
+    other step's change applied in order (what leave-one-out times FINAL against)."""
+    names = [n for n, _ in chain]
+    if name not in names[1:]:
+        raise ValueError(f"name: {name!r} is not a change of the chain ({', '.join(names[1:]) or 'none kept'})")
+    config = chain[0][1]
+    for (_, before), (n, after) in zip(chain, chain[1:], strict=False):
+        if n != name:
+            config = config.replace(**{f: getattr(after, f) for f in SPEED_FIELDS
+                                       if getattr(after, f) != getattr(before, f)})
+    return config
 
 
 def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
@@ -476,6 +559,10 @@ def _probe_report(answers: Any, seed: int) -> dict[str, Any]:
             "results": read_capped(Path(results_path)) if isinstance(results_path, (str, os.PathLike)) else None}
 
 
+# The prediction written before the headline measurement, by the key of its graded cell
+# (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
+PREDICTIONS = {"cumulative": ("PREDICT_CUMULATIVE", "WHY_CUMULATIVE")}
+
 PROBES = {
     "test_final_config": _probe_final_config,
     "test_cumulative_visible": _probe_cumulative_visible,
@@ -484,6 +571,7 @@ PROBES = {
     "test_final_verified": _probe_final_verified,
     "test_accuracy": lambda answers, seed: {"final": _config_data(answers["FINAL"])},
     "test_report": _probe_report,
+    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from perflab.labs.lab06 import ANALYSIS_GRADE_ID, NOTEBOOK
 
@@ -63,3 +64,31 @@ def find_results(folder: str | os.PathLike[str] | None = None) -> list[Path]:
             continue
         found.setdefault(doc["lab"], path)
     return [found[lab] for lab in sorted(found)]
+
+
+# The earlier labs whose decisions lab 6 starts from, and where each keeps it in its results file.
+DECISION_LABS = ("lab02_feed", "lab03_amp", "lab05_compile")
+
+
+def earlier_decisions(folder: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What labs 2, 3 and 5 decided, read from their results files beside this lab (`find_results`):
+    {"loader": the loader fields lab 2's BEST changed, "precision": the fields lab 3's AMP_CONFIG changed,
+    "compile_mode": lab 5's CHOICE, "found": {lab: file name or None}}. A lab not run yet gives None for
+    its decision: re-enter it by hand."""
+    from perflab import results
+    from perflab.labs.lab06 import LOADER_FIELDS, PRECISION_FIELDS, decided_fields
+
+    docs = {}
+    for path in find_results(folder):
+        doc = results.load(path)
+        if doc["lab"] in DECISION_LABS:
+            docs[doc["lab"]] = (path, doc)
+    out: dict[str, Any] = {"loader": None, "precision": None, "compile_mode": None,
+                           "found": {lab: docs[lab][0].name if lab in docs else None for lab in DECISION_LABS}}
+    if "lab02_feed" in docs:
+        out["loader"] = decided_fields(docs["lab02_feed"][1].get("config"), LOADER_FIELDS)
+    if "lab03_amp" in docs:
+        out["precision"] = decided_fields(docs["lab03_amp"][1].get("config"), PRECISION_FIELDS)
+    if "lab05_compile" in docs:
+        out["compile_mode"] = (docs["lab05_compile"][1]["sections"].get("compile") or {}).get("choice")
+    return out

@@ -20,13 +20,14 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `FINAL`, `CHAIN` | the greedy ablation: each planned change added to what you kept, screened, kept only if it pays | 5 |
+# | `FINAL`, `CHAIN` | the greedy ablation: each of your lab 2, 3 and 5 decisions added to what you kept, screened, kept if your measurement says it pays | 5 |
 # | the re-measured speedup of `FINAL` | held to the expectation calibrated for the grading hardware | 20 |
 # | accuracy kept | `FINAL` after a short fixed-seed run within tolerance of the baseline | 15 |
 # | `cumulative_speedups(measurements, *, quantile, seed)` | each configuration's speedup over the original baseline with its paired CI | 15 |
 # | `ablation_table(rows)` | what each step added, and its share of the total gain | 10 |
 # | the report | rendered from valid results of every lab you have run | 10 |
-# | two written answers | the memory question and your analysis (it goes into the report) | 25 |
+# | `PREDICT_CUMULATIVE`, `WHY_CUMULATIVE` | your prediction of FINAL's cumulative speedup, a number and one line of why, written **before** the ablation measures it (graded on being there, never on being right) | 2 |
+# | three written answers | your plan, the memory question and your analysis (it goes into the report) | 23 |
 #
 # **Hardware honesty.** What pays depends on the machine: on a GPU with tensor cores, loader
 # workers, bf16 and compilation multiply into a large speedup; on a small CPU most of them give
@@ -53,7 +54,7 @@ import numpy as np
 from IPython.display import Image, display
 
 from perflab import dataset, env, phases, report, workload
-from perflab.labs import common, lab06, lab06_measure, lab06_report
+from perflab.labs import common, lab06, lab06_measure, lab06_report, predict
 from perflab.report import figures
 from perflab.report.model import waterfall_steps
 
@@ -80,44 +81,65 @@ BEFORE = phases.measure_phases(BASELINE, steps=S.phase_steps)
 print(BEFORE.table())
 
 # %% [markdown]
-# ## 2. What can this machine give?
+# ## 2. Your decisions from labs 2-5
 #
-# Not every optimisation is worth trying everywhere. `perflab calibrate` ran the reference version
-# of each on the grading hardware class; `lab06.plan_changes` reads those expectations and says,
-# for each change, **try** it (the calibration found a gain, or nothing is calibrated for this
-# hardware and only a measurement can tell), **skip** it (calibrated parity or cost here, or the
-# hardware cannot give it: bf16 without bf16 units, compiling ResNet-18 on a small CPU), or
-# **force** it (gradient checkpointing, when the batch does not fit in memory without it).
+# This lab starts from what you decided before: lab 2's `BEST` (how the data reaches the model), lab 3's
+# `AMP_CONFIG` (precision and memory format) and lab 5's `CHOICE` (compile or not).
+# `lab06_report.earlier_decisions()` reads them from those labs' results files beside this one. A lab
+# whose results are not here gives `None`: then enter that decision by hand in the cell after, from what
+# you measured in that lab (`{}` or `None` to leave it out). Each decision was measured on its own lab's
+# workload; here it meets this workload and the other decisions, so it is measured again.
 #
-# Whether memory demands checkpointing is a measurement too: the memory model of Lab 4 (parameters,
-# gradients, optimizer state and the activations saved for backward) at the baseline's batch size,
-# against `MEMORY_BUDGET_SHARE` of this device's memory.
+# Checkpointing (lab 4) is not a speed decision: it goes in only when memory demands it. Whether it does
+# is a measurement too: lab 4's memory model (parameters, gradients, optimizer state and the activations
+# saved for backward) at the baseline's batch size, against `MEMORY_BUDGET_SHARE` of this device's memory.
 
 # %%
+DECISIONS = lab06_report.earlier_decisions()
+for lab, found in DECISIONS["found"].items():
+    print(f"{lab:<14} {found or 'no results here: enter its decision below'}")
+print(f"loader {DECISIONS['loader']}, precision {DECISIONS['precision']}, compile {DECISIONS['compile_mode']!r}")
 BUDGET = lab06_measure.memory_budget_bytes(INFO)
 MEMORY_NEEDED = lab06_measure.needs_checkpointing(BASELINE, INFO)
 print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: unknown",
       "-> checkpointing needed" if MEMORY_NEEDED else "-> the baseline's batch fits")
-PLAN = lab06.plan_changes(INFO, memory_needed=MEMORY_NEEDED)
+
+# %% [markdown]
+# Set `LOADER` (the `TrainConfig` loader fields your lab 2 `BEST` changed, e.g.
+# `{"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}`), `PRECISION` (the fields your
+# lab 3 `AMP_CONFIG` changed, e.g. `{"amp_dtype": "bf16"}`) and `COMPILE` (your lab 5 `CHOICE`: a mode
+# name, or `None`). `lab06.plan_from` turns them into the plan: each decision that changed something is
+# tried here, one that changed nothing is skipped.
+
+# %% nbgrader={"grade": false, "grade_id": "decisions", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+# Re-entered where a lab's results are not beside this one (the autograder runs this lab alone): the
+# loader lab 2 measured a gain with (a worker on the core the model's one thread leaves free), the
+# precision with bf16 units, and no compile on a CPU.
+LOADER = DECISIONS["loader"] if DECISIONS["loader"] is not None else dict(lab06.loader_change(INFO).fields)
+_amp = lab06.amp_dtype_for(DEVICE.type)
+PRECISION = (DECISIONS["precision"] if DECISIONS["precision"] is not None
+             else {"amp_dtype": _amp} if _amp and (DEVICE.type != "cpu" or INFO.cpu_bf16) else {})
+COMPILE = DECISIONS["compile_mode"] if DECISIONS["found"]["lab05_compile"] else None
+### END SOLUTION
+PLAN = lab06.plan_from(LOADER, PRECISION, COMPILE, INFO, memory_needed=MEMORY_NEEDED)
 for plan in PLAN:
-    print(f"{plan.action:>5}  {plan.change.name:<24} {dict(plan.change.fields)}\n       {plan.reason}")
+    print(f"{plan.action:>5}  {plan.change.name:<40} {dict(plan.change.fields)}\n       {plan.reason}")
 
 # %% [markdown]
 # ## 3. The greedy ablation (5 points, and 35 more below)
 #
-# Build the final configuration one change at a time. Start with `current = BASELINE` and go
-# through `PLAN` in order:
+# Build the final configuration one change at a time, starting with `current = BASELINE` and going
+# through `PLAN` in order. A **skip** stays out. A **force** goes in without screening: memory demands
+# it. A **try** is your decision: `lab06_measure.screen(current, candidate, S)` times the candidate
+# (`plan.change.apply(current)`) against what you kept so far, in interleaved blocks on the verifier's
+# thread count, and returns a `perflab.timing.Comparison` (`.speedup`, and `.ci()` with `.low` and
+# `.high`). Decide from it whether the change pays on this machine, and say why in a few words. Before
+# you write the rule, think about what a CI that straddles 1.0 says, and what a change that may not pay
+# still costs (another dtype, more processes, compile time, a grader who re-measures it).
 #
-# * **skip**: leave it out;
-# * **force**: add it (`plan.change.apply(current)`) without screening: memory demands it;
-# * **try**: screen it: `comparison = lab06_measure.screen(current, candidate, S)` times the candidate
-#   against what you kept so far in interleaved blocks (a `perflab.timing.Comparison`:
-#   `.speedup`, `.ci()` with `.low`/`.high`). Keep it only if `comparison.ci().low` is above
-#   `lab06.KEEP_ABOVE`: the change made the step measurably faster. A change within noise adds
-#   risk (another dtype, more processes) for a gain nobody can confirm.
-#
-# Every change is screened on top of what you kept, not against the baseline: that is the
-# question an engineer actually faces ("does this still help, now that the rest is in?").
+# Every change is screened on top of what you kept, not against the baseline: that is the question an
+# engineer actually faces ("does this still help, now that the rest is in?").
 #
 # Leave behind:
 #
@@ -179,7 +201,43 @@ if tried:
     plt.show()
 for row in SCREEN:
     measured = f"{row['speedup']:.3f}x [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]" if "speedup" in row else "forced"
-    print(f"{row['name']:<24} {measured:<26} {'kept' if row['kept'] else 'dropped'}: {row['reason']}")
+    print(f"{row['name']:<40} {measured:<26} {'kept' if row['kept'] else 'dropped'}: {row['reason']}")
+
+# %% [markdown]
+# ### Leave one out
+#
+# Screening asked of each change "does it pay on top of the ones before it?". With all of them in, ask
+# the other question: does each still pay **once the others are in**? `lab06.without(CHAIN, name)` is
+# `FINAL` with that one change left out; the cell times `FINAL` against it. A change whose gain was
+# taken by a later one (a faster model leaves the loader less to hide, for instance) shows here.
+
+# %%
+LEAVE_ONE_OUT = {}
+for name, _ in CHAIN[1:]:
+    comparison = lab06_measure.screen(lab06.without(CHAIN, name), FINAL, S)
+    ci = comparison.ci()
+    LEAVE_ONE_OUT[name] = {"speedup": comparison.speedup, "ci": [ci.low, ci.high]}
+    print(f"{name:<40} FINAL against FINAL without it: {comparison.speedup:.3f}x [{ci.low:.3f}, {ci.high:.3f}]")
+if not LEAVE_ONE_OUT:
+    print("nothing kept: FINAL is the baseline, there is nothing to leave out")
+
+# %% [markdown]
+# **Question 1 (5 points). Your plan.** For each change of `PLAN`, one line: in or out of `FINAL`, and
+# the measurement that decided it (its screening, and for a kept change its leave-one-out, with CIs), or
+# why it was never tried. Where screening and leave-one-out disagree, which do you trust for the final
+# plan, and why? If you would change `FINAL` after reading them, say how.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "answer_plan", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+# Rubric (5 points; the student's own measurements decide, not any quoted here). A good answer:
+#
+# * goes through every change of `PLAN` (loader, precision, checkpointing, compile) and says in or out;
+# * cites for each screened change its speedup and CI against what was kept before it, and for each kept
+#   change its leave-one-out CI; a skipped one is explained by the earlier lab's decision or by memory;
+# * keeps a change only where a CI lies above 1.0 (or says why a straddling CI was kept anyway, e.g. a
+#   change that costs nothing), and drops one whose CI straddles 1.0 for the risk and cost it adds;
+# * where screening and leave-one-out disagree, trusts leave-one-out for the final plan (it measures the
+#   change in the configuration that is shipped) and notes that a change measured earlier can lose its
+#   gain once the others are in (a faster model, a busier CPU).
 
 # %% [markdown]
 # ## 4. Every step against the original baseline
@@ -197,6 +255,28 @@ for row in SCREEN:
 # If nothing was kept, the chain is the baseline alone; it is then timed against a second copy of
 # itself (an A/A test), which shows the noise floor of this machine: the speedup a measurement
 # reports when nothing changed. Its CI should hold 1.0; the report draws it as noise, never as a gain.
+
+# %% [markdown]
+# **Predict first (2 points).** Before the ablation times every stage against the original baseline:
+# what cumulative speedup do you expect `FINAL` to reach (`PREDICT_CUMULATIVE`; 1.0 for none), and why
+# (`WHY_CUMULATIVE`, one line)? Your screening measured each change against the configuration before
+# it; think about whether those steps multiply, and what your leave-one-out said. It is graded on being
+# written, not on being right: the ablation prints it beside what it measures.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_cumulative", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_CUMULATIVE = math.prod(row["speedup"] for row in SCREEN if row["kept"] and "speedup" in row)
+WHY_CUMULATIVE = "the product of the kept changes' screening speedups, each measured on top of the ones before it"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_cumulative", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_CUMULATIVE", PREDICT_CUMULATIVE, "WHY_CUMULATIVE", WHY_CUMULATIVE)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab06 as hidden06
+hidden06.check("test_predict_cumulative", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_CUMULATIVE =", PREDICT_CUMULATIVE)
 
 # %%
 MEASURED = CHAIN if len(CHAIN) > 1 else CHAIN + [("nothing kept (A/A)", BASELINE)]
@@ -325,6 +405,8 @@ if len(CHAIN) == 1:  # nothing kept: the one row is the baseline against a copy 
     ROWS[0]["aa"] = True
 TABLE = ablation_table(ROWS)
 display(Image(figures.png(figures.waterfall(waterfall_steps(ROWS)))))
+print(predict.beside(f"cumulative speedup of FINAL ({ROWS[-1]['name']})", globals().get("PREDICT_CUMULATIVE"),
+                     ROWS[-1]["speedup"]))
 for r in TABLE:
     share = f"{r['share']:6.1%}" if r["share"] is not None else "     -"
     print(f"{r['name']:<24} cumulative {r['cumulative']:6.3f}x [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
@@ -368,23 +450,26 @@ if BUDGET:
     print(f"largest batch under {BUDGET / 2**30:.1f} GiB: {LARGEST[False]} plain, {LARGEST[True]} checkpointed")
 
 # %% [markdown]
-# **Question 1 (5 points).** Read your memory lines: how many bytes does one more image cost with
+# **Question 2 (5 points).** Read your memory lines: how many bytes does one more image cost with
 # and without checkpointing, and what stays fixed? Did memory demand checkpointing at this
 # workload's batch size here, and at what batch size would it start to? What would it cost in time
 # (Lab 4), and why is it in the plan as "force" rather than "try"?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_memory", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Model answer (numbers depend on the machine and mode; accept answers that read the student's own lines).
-# The fixed part is the weights, their gradients and SGD's momentum buffer: three copies of ResNet-18's
-# 11.2 M parameters, about 134 MB in fp32, whatever the batch. The slope is the activations saved for
-# backward: checkpointing every stage keeps only each stage's input and recomputes the rest in
-# backward, so the per-image cost drops to a fraction (here roughly a third to a half of the plain
-# slope). At this workload's batch the step needs a few hundred MB against a budget of many GB, so
-# memory did not demand checkpointing; it would start to only at batch sizes in the thousands (the
-# "largest batch" line). It costs about one extra forward pass of the checkpointed stages (Lab 4
-# measured 20-35% more step time), so it can never make training faster: it is there to make a
-# batch fit, which is why it is forced when memory demands it and skipped otherwise, never screened
-# for speed.
+# Rubric (5 points; the student's own lines decide, not any figure quoted here). A good answer:
+#
+# * reads the slope of each line as the bytes one more image costs (the activations saved for backward)
+#   and the intercept as what stays fixed: the weights, their gradients and SGD's momentum buffer, three
+#   copies of ResNet-18's parameters whatever the batch;
+# * says that checkpointing every stage keeps only each stage's input and recomputes the rest in
+#   backward, so its slope is a fraction of the plain one while the fixed part is unchanged;
+# * compares the need at this workload's batch with the budget printed above, and reads the batch at
+#   which memory would start to demand checkpointing from the "largest batch" line;
+# * gives the time cost from lab 4's own measurement (about one more forward pass of the checkpointed
+#   stages), and concludes that checkpointing never makes a step faster: it makes a batch fit, so it is
+#   forced when memory demands it and skipped otherwise, never screened for speed.
+#
+# On the reference machine, for instance, the step needed a few hundred MB against a budget of many GB.
 
 # %% [markdown]
 # ## 9. Did the model still learn? (15 points)
@@ -427,7 +512,7 @@ if MFU["achieved_flops_per_s"] > MFU["peak_flops"]:
           "so the measured peak is only a lower bound of this device's; quote the achieved GFLOP/s, not the MFU.")
 
 # %% [markdown]
-# ## 11. Your analysis (20 points)
+# ## 11. Your analysis (13 points)
 #
 # Write the analysis that goes into your optimization report, in Markdown, in the cell below. It
 # is read from the saved notebook and stored in your results, so **save the notebook** before you
@@ -442,38 +527,22 @@ if MFU["achieved_flops_per_s"] > MFU["peak_flops"]:
 # * **Accuracy kept**, and **the remaining gap** to the device's peak: what sets the pace now, and
 #   what you would try next.
 
-# %% [markdown] nbgrader={"grade": true, "grade_id": "analysis", "locked": false, "points": 20, "schema_version": 3, "solution": true, "task": false}
-# ## What limited the baseline
+# %% [markdown] nbgrader={"grade": true, "grade_id": "analysis", "locked": false, "points": 13, "schema_version": 3, "solution": true, "task": false}
+# Rubric (13 points; this cell's text goes into the report, so the reference answer is the rubric itself:
+# a student's analysis is judged on their own numbers, never on matching figures quoted here). A good
+# analysis:
 #
-# On this machine (a 2-core CPU with AVX-512-BF16, no GPU) the baseline's step was almost all
-# model: forward and backward took most of the step, the data phase (decoding and augmenting a few
-# small JPEGs in the training process) only a small share. A change to the loader could therefore
-# win at most that small share.
-#
-# ## What each change bought
-#
-# The greedy ablation screened each planned change on top of what was kept. The waterfall shows
-# each kept stage against the original baseline with its 95% CI; the ablation table splits the
-# total (log) gain into the share each step contributed. The steps do not simply multiply to the
-# speedups labs 2-5 measured apart: loader workers decode on the same two cores the model's threads
-# use, so their gain shrinks once the model itself gets faster, and a faster model makes the data
-# phase a larger share again.
-#
-# ## What did not pay here
-#
-# Checkpointing was skipped: the batch fits in memory with a wide margin and it only costs time.
-# torch.compile was skipped: on a small CPU, compiling ResNet-18 takes minutes and Lab 5 measured
-# no gain. A screened change whose CI reached below 1.0 was dropped: it may help a little, but
-# nobody could confirm it on a machine this noisy, and each change adds risk.
-#
-# ## Accuracy and the remaining gap
-#
-# After the same fixed-seed steps, the final configuration's accuracy stayed within the tolerance
-# of the baseline's (same samples, same initial weights; only rounding differs). The model FLOPs
-# utilisation shows how far the step is from the measured matmul peak: small convolutions on
-# 32-64 pixel images, BatchNorm and the optimizer are memory-bound and keep it low. Next I would
-# try larger images or batches (more work per kernel), and on a GPU the full chain: workers with
-# pinned memory, bf16 with channels_last, and compilation.
+# * **What limited the baseline**: names the phase that dominated in section 1's breakdown and explains
+#   it from this hardware (cores, bf16 units, a GPU or none), and what that bounds: a change to the data
+#   phase cannot save more than the data phase takes;
+# * **What each change bought**: reads the waterfall and the ablation table (cumulative speedups with
+#   CIs, each step's share), names the change that carried most of the gain, sets `PREDICT_CUMULATIVE`
+#   beside the measured cumulative speedup, and explains why the steps do not simply multiply to what
+#   labs 2-5 measured apart (shared cores, a faster model making the loader a larger share again);
+# * **What did not pay here, and why**: each skipped or dropped change in terms of this machine; if
+#   FINAL is the baseline, says so and explains it, a correct result on hardware with nothing to give;
+# * **Accuracy kept and the remaining gap**: the accuracy gate's result, the MFU and what sets the
+#   pace now, and one concrete next step.
 
 # %% [markdown]
 # ## 12. Save your results
@@ -494,7 +563,8 @@ RESULTS_PATH = common.save_results(lab06.LAB, {
     "baseline": lab06_measure.step_stat(TIMES["baseline"], S.block_steps, S.batch_size),
     "speedups": speedup_rows + dropped,
     "ablation": TABLE,
-    "screening": SCREEN,
+    "screening": [dict(row, leave_one_out=LEAVE_ONE_OUT[row["name"]]) if row["name"] in LEAVE_ONE_OUT else row
+                  for row in SCREEN],
     "chain": [{"name": name, "config": config.to_dict()} for name, config in MEASURED],
     "phases": {"before": BEFORE.seconds, "after": AFTER.seconds},
     "memory_vs_batch": MEMORY,
@@ -507,6 +577,9 @@ RESULTS_PATH = common.save_results(lab06.LAB, {
                           f"{ACCURACY['final']:.1%} against {ACCURACY['baseline']:.1%}, within "
                           f"{ACCURACY['tolerance']:.1%}"])[0]}],
     "analysis": ANALYSIS,
+    "predictions": [predict.row(f"cumulative speedup of FINAL ({ROWS[-1]['name']})",
+                                globals().get("PREDICT_CUMULATIVE"), globals().get("WHY_CUMULATIVE"),
+                                ROWS[-1]["speedup"])],
 }, config=FINAL)
 print(f"saved {RESULTS_PATH}" + ("" if ANALYSIS else " (no analysis yet: write it above and save the notebook)"))
 

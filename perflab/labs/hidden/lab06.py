@@ -20,7 +20,7 @@ import numpy as np
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab06, lab06_checks, lab06_measure
+from perflab.labs import lab06, lab06_checks, lab06_measure, predict
 from perflab.labs.lab06 import CI_SEED, PARITY, QUANTILE, ratio_ci
 from perflab.labs.lab06_checks import (
     CUMULATIVE_FILE,
@@ -236,6 +236,7 @@ JUDGES = {
     "test_final_verified": judge_final_verified,
     "test_accuracy": judge_accuracy,
     "test_report": judge_report,
+    **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab06.PREDICTIONS.items()},
 }
 
 
