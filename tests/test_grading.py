@@ -592,3 +592,52 @@ def test_an_unisolated_grade_is_recorded_and_shown(tmp_path, monkeypatch):
     rendered = classreport.render_class(classreport.load_export(csv_path))
     assert 'id="unisolated"' in rendered.html and "lab00_fixture/a" in rendered.html
     assert any("--unisolated" in w for w in rendered.warnings)
+
+
+def test_feedback_is_written_one_submission_at_a_time(tmp_path, monkeypatch, capsys):
+    """nbgrader failing on one notebook costs that student their rendered page only (a minimal page
+    with the score instead, and one line); a submission no page can be written for is counted, and
+    the command then exits 1; everyone else gets their page."""
+    from perflab.cli import main
+
+    lab = "lab00_fixture"
+    info = pipeline.LabInfo(lab, f"{lab}.ipynb", ({"grade_id": "test_mean", "max_score": 2.0, "hidden": False,
+                                                  "manual": False},), {})
+    monkeypatch.setattr(pipeline, "lab_info", lambda course, name: info)
+    st = state.State.load(tmp_path)
+    for student in ("ann", "bob", "cid"):
+        st.put(state.Record(student, lab, "x", "graded", (state.CellResult("test_mean", 2.0, 2.0),)))
+        if student != "cid":
+            folder = tmp_path / "autograded" / student / lab
+            folder.mkdir(parents=True)
+            (folder / f"{lab}.ipynb").write_text("{}")
+
+    def generate(course, name, student):
+        if student == "bob":
+            raise nbapi.GradingError(f"nbgrader generate_feedback of {name} for bob failed: MissingEntry: No such "
+                                     f"taskcomment: {name}/{name}/lab99_answer for bob\nTraceback (most recent ...")
+        feedback.write_page(tmp_path / "feedback" / student / name, name, "<html>rendered</html>")
+
+    real_write = feedback.write_page
+
+    def write(folder, name, page):
+        if "cid" in str(folder):
+            raise OSError(28, "No space left on device")
+        return real_write(folder, name, page)
+
+    monkeypatch.setattr(nbapi, "generate_feedback", generate)
+    monkeypatch.setattr(feedback, "write_page", write)
+    lines: list[str] = []
+    run = pipeline.feedback(tmp_path, on_problem=lines.append)
+    assert [p.parent.parent.name for p in run.pages] == ["ann", "bob"]
+    assert run.minimal == (f"{lab}/bob: nbgrader could not render the graded notebook; wrote a minimal page "
+                           f"(MissingEntry: No such taskcomment: {lab}/{lab}/lab99_answer for bob)",)
+    assert run.failed == (f"{lab}/cid: no feedback page (OSError: [Errno 28] No space left on device)",)
+    assert lines == [*run.minimal, *run.failed]
+    page = (tmp_path / "feedback" / "bob" / lab / f"{lab}.html").read_text()
+    assert "could not be rendered" in page and "Score: 2 / 2" in page
+    assert main(["grade", "feedback", "--course", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("wrote 2 feedback page(s), 1 of them minimal (the notebook could not be rendered); "
+                              "1 submission(s) got no page")
+    assert [ln.split(":")[0] for ln in out[:-1]] == [f"feedback {lab}/bob", f"feedback {lab}/cid"]
