@@ -18,7 +18,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -539,3 +539,40 @@ def compare(
         hardware_class=env.machine_info(dev).hardware_class,
         timer=timer,
     )
+
+
+# Untimed calls of a function right before each of its timed blocks in `interleaved_blocks`. The first
+# training step after another configuration's finds the caches (and the allocator's free lists) holding
+# that one's weights and activations, and is slower than one after its own step. Rotating the order each
+# round does not balance that with two functions (ABBA ABBA runs B after itself in every pair and A in
+# every other one), so unprimed one-step blocks made lab 6's A/A test favour its copy (1.07x, CI
+# 1.05-1.09x). Primed, every timed call follows a call of its own function, whatever ran before it.
+PRIME_CALLS = 1
+
+
+def interleaved_blocks(steps: Sequence[Callable[[], Any]], rounds: int, block_steps: int, *,
+                       prime: int = PRIME_CALLS, sync: Callable[[int], None] | None = None,
+                       clock: Callable[[], float] = time.perf_counter,
+                       progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> list[list[float]]:
+    """Seconds of `rounds` blocks of each of `steps` (e.g. one training step of a configuration each), interleaved.
+
+    Each round times one block (`block_steps` calls, after `prime` untimed ones, ended by `sync(i)`) of
+    every configuration, starting at a different one each round, so that all share the machine's drift
+    and block r of any two are a pair. Returns one list of block times per configuration, in order.
+    """
+    if rounds < 2 or block_steps < 1 or prime < 0:
+        raise ValueError(f"rounds >= 2, block_steps >= 1 and prime >= 0, got {rounds}, {block_steps}, {prime}")
+    settle = sync or (lambda i: None)
+    times: list[list[float]] = [[] for _ in steps]
+    for r in (progress or iter)(range(rounds)):
+        for k in range(len(steps)):
+            i = (r + k) % len(steps)
+            for _ in range(prime):
+                steps[i]()
+            settle(i)
+            start = clock()
+            for _ in range(block_steps):
+                steps[i]()
+            settle(i)
+            times[i].append(clock() - start)
+    return times

@@ -432,3 +432,25 @@ def test_the_amp_prediction_is_written_before_the_step_is_timed_and_graded_only_
             judge(probe(answers, 0), None)
     assert predict.row("step", None, None, 1.2) == {"name": "step", "predicted": None, "why": None,
                                                     "measured": 1.2, "unit": "x"}
+
+
+def test_the_precision_comparisons_do_not_favour_the_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each comparison times primed one-step blocks: with steps that cost more right after the other
+    side's (cold caches) and nothing else differing, the baseline against itself is exactly 1.0."""
+    from types import SimpleNamespace
+
+    from perflab import timing, workload
+
+    clock = SimpleNamespace(now=0.0, last=None)
+
+    def step(work) -> None:
+        clock.now += 0.1 * (1.12 if clock.last is not work else 1.0)
+        clock.last = work
+
+    monkeypatch.setattr(workload, "build", lambda config: SimpleNamespace(device=torch.device("cpu"),
+                                                                          close=lambda: None))
+    monkeypatch.setattr(workload, "train_step", step)
+    monkeypatch.setitem(timing.interleaved_blocks.__kwdefaults__, "clock", lambda: clock.now)
+    base = lab03.baseline_config("tiny")
+    got = lab03_figures.compare_precisions({"same": base}, mode="tiny")["same"]
+    assert got.blocks == lab03.sizes("tiny").compare_blocks and got.speedup == pytest.approx(1.0, abs=1e-12)

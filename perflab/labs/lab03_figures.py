@@ -162,7 +162,9 @@ def plot_loss_curves(curves: Mapping[str, Sequence[float]], title: str = "") -> 
 
 def compare_precisions(configs: Mapping[str, TrainConfig], *, mode: str | None = None, blocks: int | None = None,
                        progress: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """Time each config's training step against the FP32 baseline's, interleaved (ABBA); Comparisons by name.
+    """Time each config's training step against the FP32 baseline's in interleaved one-step blocks (ABBA),
+    each primed by an untimed step of its own side (`perflab.timing.interleaved_blocks`: the first step
+    after the other side's is slower, and ABBA runs B after itself more often); Comparisons by name.
 
     One baseline workload serves every comparison; each candidate gets its own (same seed, same data).
     """
@@ -176,9 +178,15 @@ def compare_precisions(configs: Mapping[str, TrainConfig], *, mode: str | None =
         for name in (progress or iter)(list(configs)):
             work = workload.build(configs[name])
             try:
-                out[name] = timing.compare(lambda: workload.train_step(base), lambda w=work: workload.train_step(w),
-                                           blocks=blocks, block_size=1, warmup=s.compare_warmup, device=base.device,
-                                           labels=("fp32", name))
+                for _ in range(s.compare_warmup):
+                    workload.train_step(base)
+                    workload.train_step(work)
+                a, b = timing.interleaved_blocks(
+                    [lambda: workload.train_step(base), lambda w=work: workload.train_step(w)], blocks, 1,
+                    sync=lambda i: env.synchronize(base.device))
+                out[name] = timing.Comparison(tuple(a), tuple(b), 1, labels=("fp32", name), device=str(base.device),
+                                              threads=torch.get_num_threads(), warmup=s.compare_warmup,
+                                              hardware_class=env.machine_info(base.device).hardware_class)
             finally:
                 work.close()
     finally:

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from perflab import env, stats
 from perflab.labs.lab06 import CI_SEED, QUANTILE, LabSizes, sizes
+from perflab.timing import PRIME_CALLS, interleaved_blocks
 from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, TrainConfig
 
 # Checkpointing is planned only when training at the baseline's batch size would need more than this
@@ -45,42 +45,9 @@ def memory_budget_bytes(info: env.MachineInfo) -> int | None:
     return int(MEMORY_BUDGET_SHARE * ram)
 
 
-# Untimed steps of a configuration right before each of its timed blocks. The first step after another
-# configuration ran finds the caches (and the allocator's free lists) holding that one's weights and
-# activations; a block starting there is slower than one starting after its own step. Rotating the order
-# each round does not balance that with two configurations (the order ABBA ABBA runs B after itself in
-# every pair and A in every other one), so without priming an A/A test favoured its second copy and
-# screening its candidate (a 1.07x "gain" for nothing kept). Primed, every timed step follows a step of
-# its own configuration, whatever ran before it.
-PRIME_STEPS = 1
-
-
-def interleaved_blocks(steps: Sequence[Callable[[], Any]], rounds: int, block_steps: int, *,
-                       prime: int = PRIME_STEPS, sync: Callable[[int], None] | None = None,
-                       clock: Callable[[], float] = time.perf_counter,
-                       progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> list[list[float]]:
-    """Seconds of `rounds` blocks of each of `steps` (one training step of a configuration each), interleaved.
-
-    Each round times one block (`block_steps` calls, after `prime` untimed ones, ended by `sync(i)`) of
-    every configuration, starting at a different one each round, so that all share the machine's drift
-    and block r of any two are a pair. Returns one list of block times per configuration, in order.
-    """
-    if rounds < 2 or block_steps < 1 or prime < 0:
-        raise ValueError(f"rounds >= 2, block_steps >= 1 and prime >= 0, got {rounds}, {block_steps}, {prime}")
-    settle = sync or (lambda i: None)
-    times: list[list[float]] = [[] for _ in steps]
-    for r in (progress or iter)(range(rounds)):
-        for k in range(len(steps)):
-            i = (r + k) % len(steps)
-            for _ in range(prime):
-                steps[i]()
-            settle(i)
-            start = clock()
-            for _ in range(block_steps):
-                steps[i]()
-            settle(i)
-            times[i].append(clock() - start)
-    return times
+# Every timed block of the ablation and the screening is primed by one untimed step of its own
+# configuration (perflab.timing.interleaved_blocks says why): without it, an A/A test favoured its copy.
+PRIME_STEPS = PRIME_CALLS
 
 
 def _timed_blocks(configs: Sequence[TrainConfig], rounds: int, block_steps: int, warmup: int,

@@ -393,9 +393,10 @@ hidden03.check("test_predict_amp", globals())
 print("prediction written: PREDICT_AMP =", PREDICT_AMP)
 
 # %% [markdown]
-# Now the whole training step. Each setting in `CANDIDATES` is timed against the FP32 baseline with
-# `perflab.timing.compare`: interleaved blocks of training steps (A B B A ...), the ratio of their
-# 20th-percentile times, and a bootstrap 95% confidence interval. The dashed line is the bar the
+# Now the whole training step. Each setting in `CANDIDATES` is timed against the FP32 baseline in
+# interleaved one-step blocks (A B B A ...), each right after an untimed step of its own side (a step
+# that follows the other side's finds the caches full of that one's weights), then the ratio of their
+# 20th-percentile times and a bootstrap 95% confidence interval. The dashed line is the bar the
 # grader will hold your `AMP_CONFIG` to on this machine.
 
 # %%
