@@ -7,6 +7,8 @@ Runs, in one go and within a time budget (default 8 minutes):
              answers: a fed loader, bf16, channels_last), throughput over wall time beside the median step
   calibrate  `perflab calibrate` for this hardware class, written to the output folder (commit it to
              autograder/expectations/ once it looks right)
+  drift      lab 4's honest drift (plain against checkpointed) on the device, against the verifier's
+             tolerance for student code
   tests      the CUDA-only tests (`pytest -m gpu`)
   judges     each verified lab's reference and lazy choice through the grader's own judges at this
              device's grade workloads, at the bars just calibrated
@@ -22,6 +24,7 @@ profiles {"fp32"|"optimized": {"config", "samples_per_s" (over wall time), "medi
 "median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization"}}; calibration
 {"path", "hardware_class", "entries": {name: {"kind", "reference", "reference_low", "threshold"}},
 "not_calibrated": [names the budget left out]};
+drift {"lab04_checkpoint_vs_plain", "at_step", "steps", "tolerance"};
 labs {lab: {"workload", "reference": MARK, "lazy": MARK}} with MARK {"fraction", "verdict", "speedup",
 "ci", "message"}; tests {"returncode", "summary"}.
 """
@@ -45,7 +48,10 @@ SCHEMA, VERSION = "perflab.gpu_check", 1
 # The checks' own budget: a GPU is lent for minutes, and a check that overruns loses everything.
 DEFAULT_BUDGET_SECONDS = 480
 # Seconds each step needs at least to be started (a step that cannot finish is skipped and said so).
-STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "judges": 30, "calibrate": 60, "tests": 20}
+STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "drift": 20, "tests": 20, "calibrate": 60, "judges": 30}
+# Steps of lab 4's honest drift (plain against checkpointed student code) on the device: about a
+# verification's worth (the gate and its timed blocks at 2 steps a block).
+DRIFT_STEPS = 68
 # The CUDA-only tests (marked `gpu` by tests/conftest.py); files, so that nothing else is collected.
 GPU_TEST_FILES = ("tests/test_verify_cuda_events.py", "tests/test_timing.py", "tests/test_memory.py",
                   "tests/test_tracing.py", "tests/test_lab04.py")
@@ -252,6 +258,23 @@ def _judge_labs(check: Check) -> None:
         check.save()
 
 
+def run_drift(check: Check, steps: int) -> None:
+    """Lab 4's honest drift on this device against the verifier's tolerance for student code: a GPU's
+    nondeterministic reductions must stay inside it, or honest checkpoints would fail."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_drift import lab4_drift
+
+    from perflab.verify.tolerance import STUDENT_TRAJECTORY_RTOL
+
+    rel, at = lab4_drift(check.device, steps, check.mode)
+    tolerance = STUDENT_TRAJECTORY_RTOL["fp32"]
+    check.doc["drift"] = {"lab04_checkpoint_vs_plain": rel, "at_step": at, "steps": steps, "tolerance": tolerance}
+    print(f"  lab 4 checkpointed vs plain: {rel:.3g} at step {at} of {steps} (tolerance {tolerance})", flush=True)
+    if rel > tolerance:
+        raise RuntimeError(f"honest drift {rel:.3g} exceeds the verifier's tolerance {tolerance}: honest lab 4 "
+                           "checkpoints would fail here")
+
+
 def run_tests(check: Check) -> None:
     files = [f for f in GPU_TEST_FILES if (ROOT / f).exists()]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
@@ -289,6 +312,10 @@ def table(doc: dict[str, Any]) -> str:
     for name, e in doc.get("calibration", {}).get("entries", {}).items():
         lines.append(f"calibrated {name:16s} {e['kind'] or '-':>7s} reference {_fmt(e['reference'], '.3f')} "
                      f"bar {_fmt(e['threshold'], '.3f')}")
+    if doc.get("drift"):
+        d = doc["drift"]
+        lines.append(f"lab 4 honest drift {d['lab04_checkpoint_vs_plain']:.3g} over {d['steps']} steps "
+                     f"(tolerance {d['tolerance']})")
     if doc.get("tests"):
         lines.append(f"CUDA tests: {doc['tests']['summary']}")
     return "\n".join(lines)
@@ -307,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=8, help="timed block pairs per calibration run")
     p.add_argument("--profile-steps", type=int, nargs=2, default=(30, 160), metavar=("FP32", "OPTIMIZED"),
                    help="timed steps of the two profiles (the optimized one spans two epochs of the full set)")
+    p.add_argument("--drift-steps", type=int, default=DRIFT_STEPS, help="steps of lab 4's honest drift")
     p.add_argument("--skip", action="append", default=[], choices=tuple(STEP_MINIMUM), help="leave a step out")
     args = p.parse_args(argv)
 
@@ -321,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         ("env", lambda: run_env(check)),
         ("data", lambda: run_data(check)),
         ("profile", lambda: run_profile(check, tuple(args.profile_steps))),
+        ("drift", lambda: run_drift(check, args.drift_steps)),
         ("tests", lambda: run_tests(check)),
         ("calibrate", lambda: run_calibrate(check, names, args.repeats, args.pairs)),
         ("judges", lambda: run_judges(check)),

@@ -19,7 +19,7 @@ def cpu_check(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-check")
     proc = subprocess.run(
         [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--mode", "tiny", "--out", str(out),
-         "--calibrate", "amp_bf16", "--repeats", "1", "--pairs", "4", "--profile-steps", "3", "3"],
+         "--calibrate", "amp_bf16", "--repeats", "1", "--pairs", "4", "--profile-steps", "3", "3", "--drift-steps", "6"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "gpu_check.json").read_text(encoding="utf-8"))
@@ -30,7 +30,7 @@ def cpu_check(tmp_path_factory) -> dict:
 
 def test_every_step_runs_and_says_so(cpu_check):
     assert (cpu_check["schema"], cpu_check["version"]) == ("perflab.gpu_check", 1)
-    assert list(cpu_check["steps"]) == ["env", "data", "profile", "tests", "calibrate", "judges"]
+    assert list(cpu_check["steps"]) == ["env", "data", "profile", "drift", "tests", "calibrate", "judges"]
     assert all(step["ok"] for step in cpu_check["steps"].values()), cpu_check["steps"]
     assert cpu_check["machine"]["device"] == "cpu" and cpu_check["seconds"] < cpu_check["budget_seconds"]
 
@@ -42,6 +42,11 @@ def test_profiles_state_wall_throughput_beside_the_median_step(cpu_check):
         batch = p["config"]["batch_size"]
         assert p["samples_per_s"] == pytest.approx(batch / p["mean_step_s"])
     assert cpu_check["profiles"]["optimized"]["config"]["channels_last"]
+
+
+def test_lab_4s_honest_drift_is_measured_against_the_verifiers_tolerance(cpu_check):
+    drift = cpu_check["drift"]
+    assert drift["steps"] == 6 and 0 <= drift["lab04_checkpoint_vs_plain"] <= drift["tolerance"]
 
 
 def test_the_calibration_is_written_to_the_output_folder_not_the_kits(cpu_check):
