@@ -180,7 +180,8 @@ def test_a_submission_result_crosses_to_the_head_whole_or_not_at_all() -> None:
 
     result = result_model.SubmissionResult(
         cells=(result_model.CellRow("test_mean", 2.0, 1.0, error="a check failed",
-                                    verdict={"verdict": "pass", "speedup": 1.4}),),
+                                    verdict={"verdict": "pass", "speedup": 1.4}),
+               result_model.CellRow("test_fix", 6.0, 0.0, error="fail", flag="the re-measurement found x")),
         findings=(Finding("notebook", "hooks", flag=True),), events=(result_model.Event(1, "x"),),
         files={"lab00_fixture.json": "{}"}, wall_s=3.5, isolation="root", sandbox_notes=("a note",), seed=7,
         hardware_class="cpu-bf16")
@@ -252,3 +253,30 @@ def test_the_students_results_file_gets_the_graders_verdicts_and_stays_valid() -
                    "ci": [0.74, 0.79], "activation_bytes": {"baseline": 3_722_436, "candidate": 1_795_268}}
     assert graded["sections"]["speedups"][0]["verdict"] == "pass"
     assert pipeline.with_grader_verdicts("not json", [verdict]) == "not json"
+
+
+def test_what_the_verifier_should_show_a_person_is_flagged_and_honest_verdicts_are_not() -> None:
+    """A re-measurement that found tampering, or training that left the reference only after the gate
+    (work skipped where the gate cannot see), fails and is flagged; an honest fail is not flagged."""
+    from perflab.labs.common import suspicion
+    from perflab.verify import Verdict
+
+    skipped = Verdict("fail", "loss_mismatch", "at step 9 (timed steps) the candidate's loss differs", 1.1)
+    wrong = Verdict("fail", "loss_mismatch", "at step 1 (correctness check) the candidate's loss differs", 1.1)
+    for verdict in (skipped, Verdict("fail", "cached_outputs", "outputs reused", 1.1),
+                    Verdict("fail", "clock_tampered", "a clock was replaced", 1.1)):
+        assert verdict.code in suspicion(verdict), verdict
+    for verdict in (wrong, Verdict("fail", "below_bar", "1.02x is below the bar", 1.1),
+                    Verdict("pass", "clears_bar", "1.5x", 1.1)):
+        assert suspicion(verdict) is None, verdict
+
+
+def test_a_suspicious_judge_scores_zero_and_flags_the_cell() -> None:
+    from perflab.grading.judging import Context, Suspicious, judge_cell
+
+    def judge(observed, ctx):  # noqa: ANN001, ANN202
+        raise Suspicious("TRACE_FILE is not torch.profiler's trace of your pipeline: edited")
+
+    ctx = Context("lab01_measure", 0, "tiny", {"mystery_trace": {"observed": {}}})
+    mark = judge_cell("mystery_trace", judge, ctx)
+    assert mark.fraction == 0.0 and mark.flag == mark.message and "edited" in mark.flag

@@ -298,6 +298,7 @@ def test_only_torch_profilers_trace_of_the_students_own_pipeline_earns_the_trace
         mark = _trace_mark("ivan", path)
         assert mark.fraction == 0.0 and "not torch.profiler's trace of your pipeline" in mark.message, (path, mark)
         assert why in mark.message and "\n" not in mark.message, mark.message
+        assert mark.flag == mark.message  # a person should look: flagged, never what scores it
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,10 +47,16 @@ class Mark:
     fraction: float
     message: str = ""
     verdict: dict[str, Any] | None = None  # a re-measured speedup's record (name, verdict, speedup, ci, ...)
+    flag: str | None = None  # why a person should look at this answer (evidence, never what scores it)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"fraction: must be within [0, 1], got {self.fraction}")
+
+
+class Suspicious(AssertionError):
+    """Raised by a judge for an answer that fails *and* that a person should look at (a trace no
+    profiler wrote, work skipped where the verifier could not see it): 0 points, and flagged."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,9 @@ def judge_cell(grade_id: str, judge: Judge, ctx: Context) -> Mark:
         return Mark(0.0, _short(str(entry["probe_error"])))
     try:
         mark = judge(entry["observed"], ctx)
+    except Suspicious as exc:
+        message = _short(str(exc)) or "a check failed"
+        return Mark(0.0, message, flag=message)
     except AssertionError as exc:
         return Mark(0.0, _short(str(exc)) or "a check failed")
     except Exception as exc:  # observations are untrusted data: a malformed one fails the cell

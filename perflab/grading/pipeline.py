@@ -642,7 +642,7 @@ def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str]
             mark = judging.judge_cell(gid, judges[gid], ctx)
             rows.append(CellRow.for_cell(cell, round(mark.fraction * float(cell["max_score"]), 6),
                                          error=None if mark.fraction >= 1.0 else (mark.message or "a check failed"),
-                                         verdict=mark.verdict))
+                                         verdict=mark.verdict, flag=mark.flag))
     return rows
 
 
@@ -789,6 +789,7 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
             claimed=_float(verdict.get("claimed")),
             hardware_class=verdict.get("hardware_class") or result.hardware_class or hardware_class))
     flags = [f"{f.cell}: {f.message}" for f in result.findings if f.flag]
+    flags += [f"{row.grade_id}: {row.flag}" for row in result.cells if row.flag]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]
     flags += [f"{c.grade_id}: the claimed {c.claimed:.2f}x is more than {CLAIM_CONTRADICTED:g} times the re-measured "
               f"{c.speedup:.2f}x" for c in cells

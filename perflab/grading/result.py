@@ -72,12 +72,14 @@ class CellRow:
     needs_manual_grade: bool = False
     error: str | None = None
     verdict: Mapping[str, Any] | None = None  # the cell's verification record, if it re-measured
+    flag: str | None = None  # why a person should look at the answer (the judge's evidence)
 
     @classmethod
     def for_cell(cls, cell: Mapping[str, Any], score: float | None, *, error: str | None = None,
-                 verdict: Mapping[str, Any] | None = None, manual: bool = False) -> CellRow:
+                 verdict: Mapping[str, Any] | None = None, manual: bool = False,
+                 flag: str | None = None) -> CellRow:
         """The row of a lab cell (`LabInfo.cells` entry: grade_id, max_score)."""
-        return cls(cell["grade_id"], float(cell["max_score"]), score, manual, error, verdict)
+        return cls(cell["grade_id"], float(cell["max_score"]), score, manual, error, verdict, flag)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "verdict": dict(self.verdict) if self.verdict is not None else None}
@@ -92,7 +94,7 @@ class CellRow:
             raise ResultError("field 'verdict': expected an object or null")
         return cls(_need(data, "grade_id", str), float(_need(data, "max_score", (int, float))),
                    None if score is None else float(score), bool(data.get("needs_manual_grade")),
-                   _need(data, "error", str, optional=True), verdict)
+                   _need(data, "error", str, optional=True), verdict, _need(data, "flag", str, optional=True))
 
 
 def _document(data: str | bytes, schema: str, version: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab import mystery
-from perflab.grading.judging import Context, Mark
+from perflab.grading.judging import Context, Mark, Suspicious
 from perflab.grading.probing import decode_float
 from perflab.labs.lab01_mystery import (
     BACKWARD_NODE,
@@ -282,7 +282,8 @@ def trace_not_genuine(summary: Any, planted: mystery.Mystery, mode: str | None) 
 def judge_trace(observed: Any, ctx: Context) -> Mark | None:
     assert isinstance(observed, dict), "TRACE_ANSWERS: no answer"
     why = trace_not_genuine(observed.get("summary"), truth(ctx), ctx.mode)
-    assert why is None, f"TRACE_FILE is not torch.profiler's trace of your pipeline: {why}"
+    if why is not None:
+        raise Suspicious(f"TRACE_FILE is not torch.profiler's trace of your pipeline: {why}")
     facts = trace_facts(observed.get("events"))
     run = f"{RUN_LABEL}{truth(ctx).run_id}"
     assert run in facts.runs, (
