@@ -504,3 +504,24 @@ def test_the_cumulative_prediction_is_graded_on_being_there_only() -> None:
     first = {needle: next(i for i, src in enumerate(sources) if needle in src)
              for needle in ("PREDICT_CUMULATIVE = ", "measure_chain(", 'globals().get("PREDICT_CUMULATIVE")')}
     assert list(first.values()) == sorted(first.values()), first
+
+
+def test_the_accuracy_run_trains_both_at_the_accuracy_image_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Laptop mode's accuracy run trains where accuracy moves off chance (32 px, 300 steps); the judge
+    and the notebook pass the same size, and both configurations keep their speed knobs."""
+    from perflab import workload
+
+    built = []
+
+    class Work:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(workload, "build", lambda config: built.append(config) or Work())
+    monkeypatch.setattr(workload, "train_step", lambda work: (0.5, []))
+    monkeypatch.setattr(workload, "evaluate", lambda work: 0.4)
+    s = lab06.sizes("laptop")
+    assert (s.accuracy_image_size, s.accuracy_steps) == (32, 300)
+    base = lab06.baseline_config("laptop")
+    acc = lab06_measure.measure_accuracy(base, base.replace(amp_dtype="bf16"), 3, image_size=s.accuracy_image_size)
+    assert [c.image_size for c in built] == [32, 32] and built[1].amp_dtype == "bf16" and acc["steps"] == 3

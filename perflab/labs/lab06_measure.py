@@ -177,11 +177,14 @@ def needs_checkpointing(config: TrainConfig, info: env.MachineInfo | None = None
     return training_memory(config, [max(config.batch_size, MIN_MEMORY_BATCH)])[0] > budget
 
 
-def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int) -> dict[str, Any]:
-    """Train each configuration `steps` fixed-seed steps from the same initial model, then evaluate both
-    on the evaluation images (perflab.workload.evaluate)."""
+def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int,
+                     image_size: int | None = None) -> dict[str, Any]:
+    """Train each configuration `steps` fixed-seed steps from the same initial model (at `image_size`, if
+    given, for both), then evaluate both on the evaluation images (perflab.workload.evaluate)."""
     from perflab import dataset, workload
 
+    if image_size is not None:
+        baseline, final = baseline.replace(image_size=image_size), final.replace(image_size=image_size)
     out: dict[str, Any] = {"steps": steps}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
