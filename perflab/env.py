@@ -254,7 +254,7 @@ def run_mode() -> str:
 # 1.6x on the verifier's one thread (1.4x on two), about 0.2 s a step, so a verification stays well under
 # a minute. Lab 2 trains on the photo set, whose photograph-sized JPEGs cost 1.8 ms each to decode and
 # crop: at 32 px, batch 16, a third of the step is loading, and 2 loader workers beside the verifier's one
-# training thread gain 1.43x (on the small set's 80 px JPEGs, with two training threads, workers only
+# training thread gain 1.39x (on the small set's 80 px JPEGs, with two training threads, workers only
 # cost time: 0.87-0.91x). `perflab calibrate` measures each lab's pair at these same sizes.
 #
 # CUDA, from an H100 80GB (docs/DESIGN.md has the table): at 224 px, batch 128, the fp32 baseline with no
