@@ -527,3 +527,16 @@ def test_the_accuracy_run_trains_both_at_the_accuracy_image_size(monkeypatch: py
     base = lab06.baseline_config("laptop")
     acc = lab06_measure.measure_accuracy(base, base.replace(amp_dtype="bf16"), 3, image_size=s.accuracy_image_size)
     assert [c.image_size for c in built] == [32, 32] and built[1].amp_dtype == "bf16" and acc["steps"] == 3
+
+
+def test_a_fed_baseline_keeps_its_loader_in_the_reference_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU lab 6 starts fed (env.baseline_loader: lab 2's answer with more workers than the reference
+    loader change would set); the plan must not swap that loader for a smaller one."""
+    from perflab import env
+
+    fed = {"num_workers": 8, "pin_memory": False, "persistent_workers": True}
+    monkeypatch.setattr(env, "baseline_loader", lambda lab, device=None, mode=None: dict(fed))
+    plans = lab06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
+    assert plans[0].action == "skip" and "already loads with 8 workers" in plans[0].reason
+    final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
+    assert final.num_workers == 8

@@ -273,7 +273,12 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
             return Plan(change, "skip", f"not calibrated here, and {why_not}")
         return Plan(change, "try", "not calibrated for this workload on this hardware: the screening measures it")
 
-    plans.append(judged(loader_change(info), True, ""))
+    base = baseline_config(mode)
+    if base.num_workers > 0:  # a GPU's fed baseline (env.baseline_loader): lab 2's answer is in already
+        plans.append(Plan(loader_change(info), "skip",
+                          f"this device's baseline already loads with {base.num_workers} workers (lab 2's answer)"))
+    else:
+        plans.append(judged(loader_change(info), True, ""))
     amp = amp_dtype_for(info.device)
     if amp is not None:
         can = info.device != "cpu" or info.cpu_bf16
