@@ -26,7 +26,7 @@ profiles {"fp32"|"optimized": {"config", "samples_per_s" (over wall time), "medi
 "not_calibrated": [names the budget left out]};
 drift {"lab04_checkpoint_vs_plain", "at_step", "steps", "tolerance"};
 labs {lab: {"workload", "reference": MARK, "lazy": MARK}} with MARK {"fraction", "verdict", "speedup",
-"ci", "message"}; tests {"returncode", "summary"}.
+"ci", "message"}; tests {"returncode", "summary", "failures" (pytest's FAILED/ERROR lines)}.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ GPU_TEST_FILES = ("tests/test_verify_cuda_events.py", "tests/test_timing.py", "t
 # Optimisations calibrated by default on a GPU, cheapest first (the labs' own pairs follow): a run cut
 # short keeps the others. fp16 is left to `--calibrate amp_fp16`: a GPU with bf16 grades lab 3 on bf16.
 CUDA_CALIBRATION = ("amp_bf16", "channels_last", "num_workers", "checkpoint", "compile")
-# Seconds the calibration leaves for the judges (and the CUDA tests before them are done by then).
+# Seconds the calibration leaves for the judges by default (`--judges-reserve`; the CUDA tests before
+# them are done by then): three re-measured reference choices, the lazy ones need no timing.
 JUDGES_RESERVE = 60
 
 
@@ -184,7 +185,8 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
         check.save()
 
 
-def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: int) -> None:
+def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: int,
+                  judges_reserve: float = JUDGES_RESERVE) -> None:
     """`perflab calibrate`, one optimisation at a time into one file (each call keeps the entries before
     it), so that the budget can stop before a slow one (compile) and leave the judges their time."""
     from perflab.verify import calibrate, expectations
@@ -192,7 +194,7 @@ def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: in
     chosen = calibrate.available(names, check.device)
     check.doc["calibration"] = {"entries": {}, "not_calibrated": []}
     for name in chosen:
-        if check.left() < JUDGES_RESERVE + STEP_MINIMUM["calibrate"]:
+        if check.left() < judges_reserve + STEP_MINIMUM["calibrate"]:
             check.doc["calibration"]["not_calibrated"].append(name)
             continue
         path = calibrate.calibrate([name], repeats=repeats, mode=check.mode, device=check.device, pairs=pairs,
@@ -280,7 +282,13 @@ def run_tests(check: Check) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
                           cwd=ROOT, capture_output=True, text=True, timeout=max(30, check.left()))
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
-    check.doc["tests"] = {"returncode": proc.returncode, "summary": lines[-1] if lines else proc.stderr[-300:]}
+    # pytest's short summary (-ra) names each failed test and its message: a GPU run is too dear to
+    # come back with a count alone.
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    check.doc["tests"] = {"returncode": proc.returncode, "summary": lines[-1] if lines else proc.stderr[-300:],
+                          "failures": failures}
+    for line in failures:
+        print(f"  {line}", flush=True)
     # 5: every selected test was deselected (no CUDA test here); no failure either.
     if proc.returncode not in (0, 5):
         raise RuntimeError(f"pytest -m gpu: {check.doc['tests']['summary']}")
@@ -332,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="an optimisation to calibrate (repeatable; default on a GPU: " + ", ".join(CUDA_CALIBRATION) + ")")
     p.add_argument("--repeats", type=int, default=2, help="calibration runs per optimisation")
     p.add_argument("--pairs", type=int, default=8, help="timed block pairs per calibration run")
+    p.add_argument("--judges-reserve", type=float, default=JUDGES_RESERVE,
+                   help="seconds of the budget the calibration leaves for the judges (default %(default)s)")
     p.add_argument("--profile-steps", type=int, nargs=2, default=(30, 160), metavar=("FP32", "OPTIMIZED"),
                    help="timed steps of the two profiles (the optimized one spans two epochs of the full set)")
     p.add_argument("--drift-steps", type=int, default=DRIFT_STEPS, help="steps of lab 4's honest drift")
@@ -351,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         ("profile", lambda: run_profile(check, tuple(args.profile_steps))),
         ("drift", lambda: run_drift(check, args.drift_steps)),
         ("tests", lambda: run_tests(check)),
-        ("calibrate", lambda: run_calibrate(check, names, args.repeats, args.pairs)),
+        ("calibrate", lambda: run_calibrate(check, names, args.repeats, args.pairs, args.judges_reserve)),
         ("judges", lambda: run_judges(check)),
     ]
     for name, fn in steps:

@@ -522,7 +522,9 @@ def test_the_saving_line_adds_the_cuda_allocator_peak_where_one_was_measured() -
 def test_on_cuda_the_verification_measures_the_allocator_peak_checkpointing_lowers(tiny_data) -> None:
     from perflab.verify import guard, verify
 
-    base = lab04.baseline_config("tiny").replace(device="cuda", batch_size=32, image_size=64)
+    # 224 px: at 64 px an H100's allocator peak did not move with checkpointing (372 MB both), the
+    # weights and the optimizer's state outweigh the activations there.
+    base = lab04.baseline_config("tiny").replace(device="cuda", batch_size=32, image_size=224)
     v = verify(base, base.replace(checkpoint_stages=len(lab04.GRADED_STAGES)), expectation=0.5,
                measure_activations=True, hashes=guard.file_hashes())
     peak = lab04.device_peak(v)

@@ -247,8 +247,9 @@ def test_plan_follows_calibration_and_hardware() -> None:
     amx = {p.change.name: p for p in lab06.plan_changes(
         _machine(bf16=True), "tiny", memory_needed=True,
         expectations=_bars({"channels_last": "parity", "compile": "gain", "num_workers": "cost"}))}
-    assert amx["bf16 autocast"].action == "try"
-    assert amx["channels_last"].action == "skip" and "parity" in amx["channels_last"].reason
+    # Lab 3's answer on a bf16 CPU is one change (autocast with the layout), held to lab 3's bar.
+    assert amx["bf16 autocast + channels_last"].action == "try" and "channels_last" not in amx
+    assert amx["bf16 autocast + channels_last"].change.expectation == "lab03_amp"
     assert amx["1 loader workers"].action == "skip"
     assert amx["checkpoint every stage"].action == "force"
     assert amx["torch.compile"].action == "try"
@@ -261,9 +262,23 @@ def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyP
     base = lab06.baseline_config("tiny")
     assert lab06.reference_final("tiny", _machine(), expectations=_bars({})) == base
     final = lab06.reference_final("tiny", _machine(bf16=True),
-                                  expectations=_bars({"channels_last": "gain", "amp_bf16": "gain", "num_workers": "parity"}))
+                                  expectations=_bars({"lab03_amp": "gain", "num_workers": "parity"}))
     assert final == base.replace(amp_dtype="bf16", channels_last=True)
     assert lab06.final_problems(final, mode="tiny") == []
+
+
+def test_on_a_gpu_lab_3s_answer_is_kept_where_bare_autocast_is_parity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 case: bf16 alone re-measured 1.06x (parity), bf16 with channels_last 1.88x (lab 3's answer,
+    a gain). The reference plan keeps lab 3's answer as one change, judged by lab 3's own bar."""
+    monkeypatch.setattr(lab06_measure, "needs_checkpointing", lambda config, info=None: False)
+    monkeypatch.setattr(env, "supports_autocast", lambda device, dtype: True)
+    gpu = _machine("cuda", cores=16, gpu_bytes=140 * 2**30)
+    bars = _bars({"amp_bf16": "parity", "lab03_amp": "gain", "compile": "gain", "num_workers": "gain",
+                  "channels_last": "parity"})
+    plans = {p.change.name: p for p in lab06.plan_changes(gpu, "grade", expectations=bars)}
+    assert plans["bf16 autocast + channels_last"].action == "try" and "channels_last" not in plans
+    final = lab06.reference_final("grade", gpu, expectations=bars)
+    assert (final.amp_dtype, final.channels_last, final.compile_mode) == ("bf16", True, "default")
 
 
 def test_accuracy_tolerance_and_gate() -> None:

@@ -43,8 +43,11 @@ def test_labs_with_their_own_pair_are_calibrated_too():
 
 
 def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
-    """Lab 6's final configuration keeps only gains calibrated here: its pair must be built after the
-    generic bars are written, reading them from where they were written (also with --out)."""
+    """Lab 6's final configuration keeps only gains calibrated here, lab 3's answer among them: each lab's
+    pair is built after every bar before it is written (the generic ones, then the labs' in lab order),
+    reading them from where they were written (also with --out). On an H200 a pair built before lab 3's
+    bar existed timed the baseline against itself and left lab 6 "unmeasured"."""
+    from perflab.labs import lab03, lab06
     from perflab.verify import expectations
     from perflab.workload import TrainConfig
 
@@ -54,19 +57,21 @@ def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
         return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [],
                 **expectations.summarise([{"speedup": 1.3, "ci": [1.2, 1.4]}])}
 
-    def fake_pairs(mode):
-        path = expectations.default_dir()
-        seen["dir"] = path
-        seen["written"] = sorted(expectations.load_file(next(path.glob("*.json")))["optimisations"])
-        base = TrainConfig(data="tiny")
-        return {name: (base, base) for name in calibrate.lab_names()}
+    def recording(module):
+        def pair(mode):
+            path = expectations.default_dir()
+            seen[module.EXPECTATION] = (path, sorted(expectations.load_file(next(path.glob("*.json")))["optimisations"]))
+            base = TrainConfig(data="tiny")
+            return base, base.replace(amp_dtype="bf16")
+        return pair
 
     monkeypatch.setattr(calibrate, "_measure", fake_measure)
-    monkeypatch.setattr(calibrate, "lab_pairs", fake_pairs)
+    for module in (lab03, lab06):
+        monkeypatch.setattr(module, "calibration_pair", recording(module))
     monkeypatch.delenv(expectations.EXPECTATIONS_ENV, raising=False)
-    path = calibrate.calibrate(["num_workers", "lab06_final"], repeats=1, out_dir=tmp_path, device="cpu")
-    assert seen == {"dir": tmp_path, "written": ["num_workers"]}
-    assert sorted(expectations.load_file(path)["optimisations"]) == ["lab06_final", "num_workers"]
+    path = calibrate.calibrate(["lab06_final", "num_workers", "lab03_amp"], repeats=1, out_dir=tmp_path, device="cpu")
+    assert seen == {"lab03_amp": (tmp_path, ["num_workers"]), "lab06_final": (tmp_path, ["lab03_amp", "num_workers"])}
+    assert sorted(expectations.load_file(path)["optimisations"]) == ["lab03_amp", "lab06_final", "num_workers"]
     assert expectations.EXPECTATIONS_ENV not in __import__("os").environ
 
 

@@ -130,15 +130,14 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
         if name in REFERENCE_CHANGES:
             base = baseline_config(mode, device, GRADED_IN.get(name))
             entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run)
-    labs = [name for name in chosen if name not in REFERENCE_CHANGES]
-    if labs:
-        # A lab's pair may depend on the bars just measured (lab 6 adds only calibrated gains): write them
-        # first, and let the lab read them from where they were written.
+    modules = {module.EXPECTATION: module for module in _lab_modules()}
+    for name in [name for name in modules if name in chosen]:  # lab order: lab 6 after the labs it sums
+        # A lab's pair may depend on the bars measured before it (lab 6 adds only calibrated gains, lab 3's
+        # answer among them): write them first, and let the lab read them from where they were written.
         _write(path, machine, mode, repeats, pairs, entries)
         with _reading_expectations_from(path.parent):
-            lab = lab_pairs(mode)
-        for name in labs:
-            entries[name] = _measure(name, *lab[name], repeats, budget, on_run)
+            pair = modules[name].calibration_pair(mode)
+        entries[name] = _measure(name, *pair, repeats, budget, on_run)
     _write(path, machine, mode, repeats, pairs, entries)
     return path
 
