@@ -26,7 +26,8 @@ profiles {"fp32"|"optimized": {"config", "samples_per_s" (over wall time), "medi
 "not_calibrated": [names the budget left out]};
 drift {"lab04_checkpoint_vs_plain", "at_step", "steps", "tolerance"};
 labs {lab: {"workload", "reference": MARK, "lazy": MARK}} with MARK {"fraction", "verdict", "speedup",
-"ci", "message"}; tests {"returncode", "summary", "failures" (pytest's FAILED/ERROR lines)}.
+"ci", "message"}; tests {"returncode", "summary", "failures" (pytest's FAILED/ERROR lines and each failure's line),
+"output_tail"}.
 """
 
 from __future__ import annotations
@@ -279,14 +280,17 @@ def run_drift(check: Check, steps: int) -> None:
 
 def run_tests(check: Check) -> None:
     files = [f for f in GPU_TEST_FILES if (ROOT / f).exists()]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--tb=line",
+                           *files],
                           cwd=ROOT, capture_output=True, text=True, timeout=max(30, check.left()))
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
     # pytest's short summary (-ra) names each failed test and its message: a GPU run is too dear to
     # come back with a count alone.
-    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    # --tb=line gives each failure's assertion in one line too (the summary's line cuts it at 80 columns).
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR")) or ": AssertionError" in line
+                or "Error:" in line]
     check.doc["tests"] = {"returncode": proc.returncode, "summary": lines[-1] if lines else proc.stderr[-300:],
-                          "failures": failures}
+                          "failures": failures, "output_tail": proc.stdout[-3000:]}
     for line in failures:
         print(f"  {line}", flush=True)
     # 5: every selected test was deselected (no CUDA test here); no failure either.

@@ -555,3 +555,33 @@ def test_a_fed_baseline_keeps_its_loader_in_the_reference_plan(monkeypatch: pyte
     assert plans[0].action == "skip" and "already loads with 8 workers" in plans[0].reason
     final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
     assert final.num_workers == 8
+
+
+def test_screening_with_loader_workers_times_the_loaders_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of configurations fed by workers are primed with the loader's lead-in and long enough to
+    time its sustained pace (perflab.verify.pace), and reported per `block_steps` steps as before."""
+    from perflab import workload
+    from perflab.verify import pace
+
+    seen = {}
+
+    def fake_blocks(steps, rounds, block_steps, *, prime, sync, progress):
+        seen.update(block_steps=block_steps, prime=prime)
+        return [[0.2 * block_steps] * rounds for _ in steps]
+
+    class Work:
+        device = "cpu"
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(workload, "build", lambda config: Work())
+    monkeypatch.setattr(workload, "train_step", lambda work: None)
+    monkeypatch.setattr(lab06_measure, "interleaved_blocks", fake_blocks)
+    base = lab06.baseline_config("tiny")
+    fed = base.replace(num_workers=4, persistent_workers=True)
+    times, _ = lab06_measure._timed_blocks([base, fed], 3, 1, 0, "screening")
+    assert seen == {"block_steps": pace.min_block_steps(8), "prime": pace.lead_in(8)}
+    assert times == [[pytest.approx(0.2)] * 3] * 2  # seconds of a 1-step block, as asked
+    lab06_measure._timed_blocks([base, base], 3, 1, 0, "screening")
+    assert seen == {"block_steps": 1, "prime": lab06_measure.PRIME_STEPS}

@@ -90,12 +90,28 @@ def test_gpu_utilization_is_empty_off_cuda() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_trace_has_device_times_a_memory_snapshot_and_utilisation(tmp_path: Path) -> None:
-    config = TINY.replace(device="cuda")
+def test_cuda_trace_has_device_times(tmp_path: Path) -> None:
+    result = tracing.trace_training(TINY.replace(device="cuda"), schedule=(1, 1, 2), trace_path=tmp_path / "t.json")
+    timed = [op.name for op in result.ops if (op.self_device_s or 0) > 0]
+    assert timed, f"no op has a device time; ops: {[(op.name, op.self_device_s) for op in result.ops[:5]]}"
+
+
+# Apart from the device times: on an H200 (torch 2.11) the three checks in one test failed once, and
+# which of them did is what the next GPU must say.
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trace_with_memory_profile_writes_the_allocator_snapshot(tmp_path: Path) -> None:
+    result = tracing.trace_training(TINY.replace(device="cuda"), schedule=(1, 1, 2), profile_memory=True,
+                                    trace_path=tmp_path / "t.json", memory_snapshot_path=tmp_path / "snap.pickle")
+    snapshot = tmp_path / "snap.pickle"
+    assert snapshot.is_file() and snapshot.stat().st_size > 0, f"no allocator snapshot at {snapshot}"
+    assert result.ops, "a memory-profiled trace found no ops"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_utilisation_is_sampled_during_a_short_run() -> None:
     with tracing.sample_gpu_utilization("cuda", interval=0.01) as util:
-        result = tracing.trace_training(config, schedule=(1, 1, 2), profile_memory=True,
-                                        trace_path=tmp_path / "t.json",
-                                        memory_snapshot_path=tmp_path / "snap.pickle")
-    assert any((op.self_device_s or 0) > 0 for op in result.ops)
-    assert (tmp_path / "snap.pickle").stat().st_size > 0
-    assert util.values and 0.0 <= util.mean <= 1.0
+        tracing.trace_training(TINY.replace(device="cuda"), schedule=(1, 1, 2))
+    assert util.error is None, util.error
+    assert util.values and 0.0 <= util.mean <= 1.0, util.values[:10]

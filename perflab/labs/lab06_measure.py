@@ -52,9 +52,18 @@ PRIME_STEPS = PRIME_CALLS
 
 def _timed_blocks(configs: Sequence[TrainConfig], rounds: int, block_steps: int, warmup: int,
                   desc: str) -> tuple[list[list[float]], Any]:
-    """Build each configuration, warm it up, and time `interleaved_blocks` of their training steps."""
+    """Build each configuration, warm it up, and time `interleaved_blocks` of their training steps.
+
+    With loader workers, each block is primed and lengthened to time the loader's sustained pace
+    (`perflab.verify.pace`: on a GPU a short block reads the batches queued while the others ran); its
+    seconds are then scaled back to `block_steps` steps, so every block time keeps that meaning."""
     from perflab import workload
     from perflab.labs import common
+    from perflab.verify import pace
+
+    queue = max(pace.queued_batches(c.num_workers, c.prefetch_factor) for c in configs)
+    timed_steps = max(block_steps, pace.min_block_steps(queue))
+    prime = max(PRIME_STEPS, pace.lead_in(queue))
 
     works = []
     with warnings.catch_warnings():
@@ -67,9 +76,11 @@ def _timed_blocks(configs: Sequence[TrainConfig], rounds: int, block_steps: int,
                     workload.train_step(work)
                 env.synchronize(work.device)
             steps = [lambda w=work: workload.train_step(w) for work in works]
-            times = interleaved_blocks(steps, rounds, block_steps, sync=lambda i: env.synchronize(works[i].device),
+            times = interleaved_blocks(steps, rounds, timed_steps, prime=prime,
+                                       sync=lambda i: env.synchronize(works[i].device),
                                        progress=lambda it: common.progress(it, desc=desc))
-            return times, works[0].device
+            scale = block_steps / timed_steps
+            return [[t * scale for t in row] for row in times], works[0].device
         finally:
             for work in works:
                 work.close()

@@ -19,6 +19,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
+from perflab.verify import pace  # noqa: E402
 from perflab.verify.tolerance import LOSS_TOLERANCE, LOSS_TRAJECTORY_RTOL, STUDENT_TRAJECTORY_RTOL  # noqa: E402
 
 # How many fixed-seed steps each side runs before timing: they warm up (compile, autotune, caches)
@@ -251,12 +252,25 @@ def _events_exceeding_walls(*sides: Side) -> list[dict[str, str]]:
     return []
 
 
+def _lead_in(side: Any) -> int:
+    """Untimed steps before each of `side`'s timed blocks (`perflab.verify.pace`)."""
+    return pace.lead_in(_prefetched_batches(side))
+
+
+def block_steps(step_seconds: float, queues: tuple[int, int] = (0, 0), fixed: int = 0) -> int:
+    """Steps in each timed block: `fixed` where the budget names a count, else about TARGET_BLOCK_SECONDS
+    of the fastest warm step, and at least what the sides' loader queues need (`perflab.verify.pace`)."""
+    if fixed:
+        return fixed
+    by_time = max(1, min(MAX_BLOCK_STEPS, math.ceil(TARGET_BLOCK_SECONDS / max(step_seconds, 1e-9))))
+    return max(by_time, pace.min_block_steps(*queues))
+
+
 def _prefetched_batches(side: Any) -> int:
-    """Batches a configuration's DataLoader holds ready when its workers have run ahead: num_workers x
-    prefetch_factor (torch's default 2); 0 without workers or for a module (its loader is its own)."""
+    """Batches a configuration's DataLoader holds ready when its workers have run ahead; 0 without
+    workers or for a module (its loader is its own)."""
     config = side.kwargs.get("config") or {}
-    workers = int(config.get("num_workers") or 0)
-    return workers * int(config.get("prefetch_factor") or 2) if workers > 0 else 0
+    return pace.queued_batches(config.get("num_workers"), config.get("prefetch_factor"))
 
 
 def _compiles(side: Any) -> bool:
@@ -344,7 +358,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     # The baseline is built from perflab before any student code exists in this process.
     base_factory = candidates.load_factory(base_side)
     t0 = clock()
-    a = Side("baseline", base_factory(seed, **base_side.kwargs), _prefetched_batches(base_side))
+    a = Side("baseline", base_factory(seed, **base_side.kwargs), _lead_in(base_side))
     setup_a = (clock() - t0) / 1e9
     # Its warm-up and gate steps too: every thread it needs exists afterwards.
     saved_a, peak_a = _gate(a, saved_hooks if job.get("activation_bytes") else None)
@@ -377,7 +391,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if tampering("when the candidate module was imported"):
         return out
     t0 = clock()
-    b = Side("candidate", cand_factory(seed, **cand_side.kwargs), _prefetched_batches(cand_side))
+    b = Side("candidate", cand_factory(seed, **cand_side.kwargs), _lead_in(cand_side))
     setup_b = (clock() - t0) / 1e9
     out["setup_seconds"] = {"baseline": setup_a, "candidate": setup_b}
     if tampering("while the candidate was built"):
@@ -412,7 +426,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     budget = decide.Budget.from_dict(job["budget"])
     # The fastest warm step, like the estimator: interference only lengthens steps.
     step_s = min(a.step_seconds[1:])
-    m = budget.block_steps or max(1, min(MAX_BLOCK_STEPS, math.ceil(TARGET_BLOCK_SECONDS / max(step_s, 1e-9))))
+    m = block_steps(step_s, (_prefetched_batches(base_side), _prefetched_batches(cand_side)), budget.block_steps)
     out["block_steps"] = m
     expectation = float(job["expectation"])
     decision = None
