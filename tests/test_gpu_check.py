@@ -61,3 +61,16 @@ def test_each_verified_lab_has_its_reference_and_lazy_mark(cpu_check):
         assert "no change" in row["lazy"]["message"], (lab, row["lazy"])
         assert 0.0 <= row["reference"]["fraction"] <= 1.0 and row["workload"]["data"] == "tiny"
     assert "lab03_amp" in cpu_check["_text"] and "samples/s over wall time" in cpu_check["_text"]
+
+
+def test_a_gpu_calibrates_what_its_judges_read_before_lab_6_sums_them():
+    """Lab 6's final configuration keeps only gains calibrated before it: on an H200 it was calibrated
+    before lab 3's answer and compile, and timed the baseline against itself."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    from perflab.labs import lab02, lab03, lab06
+
+    names = gpu_check._cuda_calibration()
+    assert names.index(lab06.EXPECTATION) > max(names.index(lab03.EXPECTATION), names.index("compile"))
+    assert names[:2] == [lab02.EXPECTATION, lab03.EXPECTATION]
