@@ -3,8 +3,12 @@
 Runs, in one go and within a time budget (default 9 minutes):
   env        `perflab env`: the machine and its hardware class
   data       the data sets the checks train on (the full set on a GPU), with their build times
-  profile    `perflab profile` at the full-mode workload, fp32 as it starts and optimized (the labs'
-             answers: a fed loader, bf16, channels_last), throughput over wall time beside the median step
+  profile    `perflab profile` at the full-mode workload: fp32 as it starts, fp32 on a fed loader (labs
+             3-6's baseline) and optimized (the labs' answers: the fed loader, bf16, channels_last),
+             throughput over wall time beside the median step, and the sustained speedup of the last
+             over the second
+  loader     the fed loader's ceiling without a model: images a second its workers deliver, as loaded
+             and decoding alone (bench/bench_loader.py)
   calibrate  `perflab calibrate` for this hardware class, written to the output folder (commit it to
              autograder/expectations/ once it looks right)
   drift      lab 4's honest drift (plain against checkpointed) on the device, against the verifier's
@@ -20,8 +24,10 @@ cannot rot between GPU runs.
 
 JSON (`"schema": "perflab.gpu_check", "version": 1`): machine (MachineInfo), mode, budget_seconds,
 seconds; steps {name: {"ok", "seconds", "error"?, "skipped"?}}; data {size: {"seconds", "built"}};
-profiles {"fp32"|"optimized": {"config", "samples_per_s" (over wall time), "median_step_samples_per_s",
-"median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization"}}; calibration
+profiles {"fp32"|"fed_fp32"|"optimized": {"config", "samples_per_s" (over wall time), "median_step_samples_per_s",
+"median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization"}}; sustained_speedup
+(optimized over fed_fp32, samples over wall time: the labs' lessons as training sees them); loader {"workers",
+"images_per_s", "decode_only_images_per_s"}; calibration
 {"path", "hardware_class", "entries": {name: {"kind", "reference", "reference_low", "threshold"}},
 "not_calibrated": [names the budget left out]};
 drift {"lab04_checkpoint_vs_plain", "at_step", "steps", "tolerance"};
@@ -49,7 +55,8 @@ SCHEMA, VERSION = "perflab.gpu_check", 1
 # The checks' own budget: a GPU is lent for minutes, and a check that overruns loses everything.
 DEFAULT_BUDGET_SECONDS = 540
 # Seconds each step needs at least to be started (a step that cannot finish is skipped and said so).
-STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "drift": 20, "tests": 20, "calibrate": 60, "judges": 30}
+STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "loader": 10, "drift": 20, "tests": 20, "calibrate": 60,
+                "judges": 30}
 # Steps of lab 4's honest drift (plain against checkpointed student code) on the device: about a
 # verification's worth (the gate and its timed blocks at 2 steps a block).
 DRIFT_STEPS = 68
@@ -180,8 +187,12 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
     from perflab.training_profile import ProfilePlan, profile_training
 
     base = profile_config(check_mode=check.mode, device=check.device)
+    optimized = optimized_config(base, check.device)
+    # fp32 on the optimized run's loader: what labs 3-6 start from on this device, and the sustained
+    # speedup of their lessons (optimized over fed_fp32) as training sees it, stalls included.
+    fed = base.replace(**{f: getattr(optimized, f) for f in LOADER_FIELDS})
     check.doc["profiles"] = {}
-    for name, config, n in (("fp32", base, steps[0]), ("optimized", optimized_config(base, check.device), steps[1])):
+    for name, config, n in (("fp32", base, steps[0]), ("fed_fp32", fed, steps[1]), ("optimized", optimized, steps[1])):
         result = profile_training(config, ProfilePlan.for_steps(n), peak=False)
         rate = result.rate
         peak = result.peaks.peak_flops(result.roofline_dtype)
@@ -194,6 +205,27 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
             "gpu_utilization": result.gpu_utilization.mean, "bottleneck": result.diagnosis.to_dict()}
         print("\n".join(f"  {name}: {line}" for line in rate.describe()), flush=True)
         check.save()
+    profiles = check.doc["profiles"]
+    check.doc["sustained_speedup"] = profiles["optimized"]["samples_per_s"] / profiles["fed_fp32"]["samples_per_s"]
+    print(f"  optimized over fed fp32, samples over wall time: {check.doc['sustained_speedup']:.2f}x", flush=True)
+
+
+def run_loader(check: Check, batches: int = 20) -> None:
+    """The fed loader's ceiling, no model: images a second its workers deliver as perflab loads (decode
+    and crop) and decoding alone (bench/bench_loader.py). Every fed configuration trains at most this fast."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_loader import images_per_second
+
+    base = profile_config(check_mode=check.mode, device=check.device)
+    workers = optimized_config(base, check.device).num_workers or 1
+    rates = {crop: images_per_second(base.data, base.image_size, base.batch_size, workers, batches, crop)
+             for crop in (True, False)}
+    check.doc["loader"] = {"workers": workers, "images_per_s": rates[True], "decode_only_images_per_s": rates[False]}
+    print(f"  {workers} workers deliver {rates[True]:,.0f} images/s ({rates[False]:,.0f} decoding only)", flush=True)
+
+
+# The loader's knobs of a TrainConfig: what "fed" means, apart from precision and layout.
+LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "gpu_augment")
 
 
 def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: int,
@@ -324,6 +356,12 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"profile {name:9s} {p['samples_per_s']:10,.1f} samples/s over wall time, "
                      f"{p['median_step_samples_per_s']:10,.1f} at the median step ({p['steps']} steps)"
                      + (f"; {p['stall']}" if p.get("stall") else ""))
+    if doc.get("loader"):
+        ld = doc["loader"]
+        lines.append(f"loader: {ld['workers']} workers deliver {ld['images_per_s']:,.0f} images/s "
+                     f"({ld['decode_only_images_per_s']:,.0f} decoding only)")
+    if doc.get("sustained_speedup"):
+        lines.append(f"optimized over fed fp32, samples over wall time: {doc['sustained_speedup']:.2f}x")
     if doc.get("labs"):
         lines.append(f"{'lab':16s} {'workload':24s} {'reference':>30s} {'lazy':>8s}")
         for lab, row in doc["labs"].items():
@@ -356,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=8, help="timed block pairs per calibration run")
     p.add_argument("--judges-reserve", type=float, default=JUDGES_RESERVE,
                    help="seconds of the budget the calibration leaves for the judges (default %(default)s)")
-    p.add_argument("--profile-steps", type=int, nargs=2, default=(30, 160), metavar=("FP32", "OPTIMIZED"),
-                   help="timed steps of the two profiles (the optimized one spans two epochs of the full set)")
+    p.add_argument("--profile-steps", type=int, nargs=2, default=(30, 160), metavar=("FP32", "FED"),
+                   help="timed steps of the fp32 profile, and of the fed fp32 and optimized ones (two epochs of "
+                        "the full set)")
     p.add_argument("--drift-steps", type=int, default=DRIFT_STEPS, help="steps of lab 4's honest drift")
     p.add_argument("--skip", action="append", default=[], choices=tuple(STEP_MINIMUM), help="leave a step out")
     args = p.parse_args(argv)
@@ -373,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         ("env", lambda: run_env(check)),
         ("data", lambda: run_data(check)),
         ("profile", lambda: run_profile(check, tuple(args.profile_steps))),
+        ("loader", lambda: run_loader(check)),
         ("drift", lambda: run_drift(check, args.drift_steps)),
         ("tests", lambda: run_tests(check)),
         ("calibrate", lambda: run_calibrate(check, names, args.repeats, args.pairs, args.judges_reserve)),

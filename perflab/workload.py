@@ -353,8 +353,21 @@ class Workload:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast(self.config, self.device)
 
+    def on_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loader batch as the model takes it: on the device, augmented there where `gpu_augment` is on
+        (the loader then hands over uint8 crops), in the configured memory format."""
+        cfg = self.config
+        images = images.to(self.device, non_blocking=cfg.pin_memory)
+        labels = labels.to(self.device, non_blocking=cfg.pin_memory)
+        if self.augment is not None:
+            images = self.augment(images.float().div_(255), self.steps_done)
+        if cfg.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The next micro-batch, starting a new epoch (with fresh augmentation seeds) when one ends."""
+        """The next micro-batch as the loader gives it (uint8 with `gpu_augment`: see `on_device`),
+        starting a new epoch (with fresh augmentation seeds) when one ends."""
         if self._batches is None:
             self._batches = iter(self.loader)
         try:
@@ -406,12 +419,7 @@ def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[torch.T
         with timer.phase("data"):
             images, labels, index = work.next_batch()
         with timer.phase("h2d"):
-            images = images.to(work.device, non_blocking=cfg.pin_memory)
-            labels = labels.to(work.device, non_blocking=cfg.pin_memory)
-            if work.augment is not None:
-                images = work.augment(images.float().div_(255), work.steps_done)
-            if cfg.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+            images, labels = work.on_device(images, labels)
         with timer.phase("forward"), work.autocast():
             logits = model(images)
             loss = nn.functional.cross_entropy(logits, labels) / cfg.accumulation_steps

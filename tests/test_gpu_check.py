@@ -30,18 +30,23 @@ def cpu_check(tmp_path_factory) -> dict:
 
 def test_every_step_runs_and_says_so(cpu_check):
     assert (cpu_check["schema"], cpu_check["version"]) == ("perflab.gpu_check", 1)
-    assert list(cpu_check["steps"]) == ["env", "data", "profile", "drift", "tests", "calibrate", "judges"]
+    assert list(cpu_check["steps"]) == ["env", "data", "profile", "loader", "drift", "tests", "calibrate", "judges"]
+    loader = cpu_check["loader"]
+    assert loader["workers"] >= 1 and loader["images_per_s"] > 0 and loader["decode_only_images_per_s"] > 0
     assert all(step["ok"] for step in cpu_check["steps"].values()), cpu_check["steps"]
     assert cpu_check["machine"]["device"] == "cpu" and cpu_check["seconds"] < cpu_check["budget_seconds"]
 
 
 def test_profiles_state_wall_throughput_beside_the_median_step(cpu_check):
-    for name in ("fp32", "optimized"):
+    for name in ("fp32", "fed_fp32", "optimized"):
         p = cpu_check["profiles"][name]
         assert p["samples_per_s"] > 0 and p["median_step_samples_per_s"] > 0 and p["steps"] == 3
         batch = p["config"]["batch_size"]
         assert p["samples_per_s"] == pytest.approx(batch / p["mean_step_s"])
     assert cpu_check["profiles"]["optimized"]["config"]["channels_last"]
+    fed, optimized = cpu_check["profiles"]["fed_fp32"], cpu_check["profiles"]["optimized"]
+    assert fed["config"]["num_workers"] == optimized["config"]["num_workers"] and not fed["config"]["channels_last"]
+    assert cpu_check["sustained_speedup"] == pytest.approx(optimized["samples_per_s"] / fed["samples_per_s"])
 
 
 def test_lab_4s_honest_drift_is_measured_against_the_verifiers_tolerance(cpu_check):

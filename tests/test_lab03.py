@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import labs_helpers as H
 import pytest
@@ -404,6 +405,15 @@ def test_loss_curves_follow_fp32_on_real_data(tiny_data, monkeypatch: pytest.Mon
     # CPU with AVX-512-BF16, 46% on an AVX2-only AMD EPYC (bf16 emulated); only divergence fails.
     assert abs(curves["bf16"][0] - curves["fp32"][0]) < 0.03 * curves["fp32"][0]
     assert summary["bf16"]["max_rel_gap"] < 0.8
+
+
+def test_loss_curves_run_on_a_fed_gpu_baseline(tiny_data, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, lab 3 starts fed: its loader hands over uint8 crops and augments on the device
+    (`gpu_augment`). The curves must feed the model what the training step does, not raw uint8."""
+    fed = lab03.baseline_config("tiny").replace(gpu_augment=True)
+    monkeypatch.setattr(lab03_figures, "baseline_config", lambda mode=None: fed)
+    curves = lab03_figures.loss_curves(good_step, ["fp32"], mode="tiny", steps=2)
+    assert len(curves["fp32"]) == 2 and all(math.isfinite(v) for v in curves["fp32"])
 
 
 def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:

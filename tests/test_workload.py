@@ -219,6 +219,8 @@ def test_gpu_augment_moves_augmentation_to_the_device() -> None:
         images, _, _ = work.next_batch()
         assert images.dtype == torch.uint8, "the CPU side should only decode and crop"
         assert isinstance(work.augment, workload.DeviceAugment)
+        ready, _ = work.on_device(images, torch.zeros(len(images), dtype=torch.long))
+        assert ready.dtype == torch.float32 and ready.min() < 0 < ready.max(), "normalised on the device"
         loss, _ = workload.train_step(work)
         assert loss == loss  # finite, not NaN
     finally:

@@ -51,7 +51,7 @@ def loss_curves(step: StepFn, precisions: Sequence[str], *, mode: str | None = N
         try:
             for _ in (progress or iter)(range(steps)):
                 images, labels, _ = work.next_batch()
-                images, labels = images.to(work.device), labels.to(work.device)
+                images, labels = work.on_device(images, labels)  # augmented there on a fed GPU baseline
                 losses.append(loss_float(step(work.model, work.optimizer, images, labels, dtype=dtype, scaler=scaler),
                                          f"{name} step {len(losses) + 1}"))
         finally:
