@@ -211,13 +211,16 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
 
 
 def run_loader(check: Check, batches: int = 20) -> None:
-    """The fed loader's ceiling, no model: images a second its workers deliver as perflab loads (decode
-    and crop) and decoding alone (bench/bench_loader.py). Every fed configuration trains at most this fast."""
+    """Loader workers' ceiling, no model: images a second `env.fed_workers()` deliver as perflab loads
+    (decode and crop) and decoding alone (bench/bench_loader.py). A configuration they feed trains at most
+    this fast (the fed labs keep their data on the device instead)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_loader import images_per_second
 
+    from perflab import env
+
     base = profile_config(check_mode=check.mode, device=check.device)
-    workers = optimized_config(base, check.device).num_workers or 1
+    workers = env.fed_workers()
     rates = {crop: images_per_second(base.data, base.image_size, base.batch_size, workers, batches, crop)
              for crop in (True, False)}
     check.doc["loader"] = {"workers": workers, "images_per_s": rates[True], "decode_only_images_per_s": rates[False]}
@@ -225,7 +228,8 @@ def run_loader(check: Check, batches: int = 20) -> None:
 
 
 # The loader's knobs of a TrainConfig: what "fed" means, apart from precision and layout.
-LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "gpu_augment")
+LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "gpu_augment",
+                 "data_on_device")
 
 
 def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: int,

@@ -580,6 +580,36 @@ def train_transform(image_size: int, device_augment: bool = False) -> Callable[[
     return v2.Compose([*ops, v2.ToPureTensor()])
 
 
+def device_side_size(image_size: int) -> int:
+    """The side of the uint8 squares a training set kept on the device holds: the evaluation resize
+    (image_size / EVAL_CROP_FRACTION; the full set's 256 px images at 224), from which each step's
+    random crop of `image_size` is taken there."""
+    return round(image_size / EVAL_CROP_FRACTION)
+
+
+class SquareUint8:
+    """An image as a `side` x `side` uint8 tensor: untouched when it already is one, else resized (short
+    side) and centre-cropped."""
+
+    def __init__(self, side: int) -> None:
+        self.side = side
+
+    def __call__(self, image: Any) -> Any:
+        from torchvision.transforms.v2 import functional as F
+
+        if tuple(image.shape[-2:]) == (self.side, self.side):
+            return image
+        return F.center_crop(F.resize(image, self.side, antialias=True), [self.side, self.side])
+
+
+def square_transform(image_size: int) -> Callable[[Any], torch.Tensor]:
+    """Decode only, to uint8 CHW squares of `device_side_size(image_size)`: the training set as it is kept
+    on the device (`TrainConfig.data_on_device`), every augmentation left to the device."""
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.ToImage(), SquareUint8(device_side_size(image_size)), v2.ToPureTensor()])
+
+
 def eval_transform(image_size: int, device_augment: bool = False) -> Callable[[Any], torch.Tensor]:
     """Resize and centre-crop, then normalise (float CHW); with `device_augment` left as uint8 CHW."""
     import torch
@@ -593,17 +623,21 @@ def eval_transform(image_size: int, device_augment: bool = False) -> Callable[[A
 
 
 def load(source: str | os.PathLike[str], image_size: int, train: bool = True,
-         device_augment: bool = False) -> torch.utils.data.Dataset:
+         device_augment: bool = False, squares: bool = False) -> torch.utils.data.Dataset:
     """A dataset of `(image, label)` with `.classes`, over the train or evaluation split of `source`.
 
     `source`: a built synthetic size (tiny, small, photo, full), `cifar10:PATH` (torchvision's CIFAR-10
     files under PATH), or the path of an ImageFolder (its `train/` and `val/` subfolders when it has
     them, else the folder itself). Images come back as normalised float CHW tensors, or as uint8
-    CHW tensors with `device_augment` (flip, jitter and normalisation then happen on the device).
+    CHW tensors with `device_augment` (flip, jitter and normalisation then happen on the device), or
+    as decoded uint8 squares with `squares` (`square_transform`: the set kept on the device).
     """
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size: must be a positive integer, got {image_size!r}")
-    transform = (train_transform if train else eval_transform)(image_size, device_augment)
+    if squares:
+        transform = square_transform(image_size)
+    else:
+        transform = (train_transform if train else eval_transform)(image_size, device_augment)
     source = os.fspath(source)
     if source in SIZES:
         return _image_folder(data_root(source) / ("train" if train else "val"), transform)

@@ -19,8 +19,8 @@ def test_lab_2_starts_starved_and_labs_3_to_6_start_fed_on_a_gpu():
     assert env.baseline_loader("lab02_feed", "cuda", "grade") == {}
     for lab in env.FED_LABS:
         fed = env.baseline_loader(lab, "cuda", "grade")
-        assert fed["num_workers"] >= 1 and fed["pin_memory"] and fed["persistent_workers"], lab
-        assert fed["gpu_augment"], lab
+        # The data on the device: an H200's 8 loader workers fed FP32 but half of what bf16 trains.
+        assert fed == {"data_on_device": True, "gpu_augment": True}, lab
         assert env.baseline_loader(lab, "cuda", "full") == fed
         assert env.baseline_loader(lab, "cpu", "grade") == {}  # a CPU's lessons are measured unfed
         assert env.baseline_loader(lab, "cuda", "tiny") == {}
@@ -37,6 +37,6 @@ def test_fed_labs_train_on_a_set_whose_epochs_do_not_dominate(lab):
 
 def test_the_fed_loader_leaves_a_core_to_the_training_process(monkeypatch):
     monkeypatch.setattr(env, "usable_cores", lambda: 4)
-    assert env.baseline_loader("lab03_amp", "cuda", "grade")["num_workers"] == 3
+    assert env.fed_workers() == 3
     monkeypatch.setattr(env, "usable_cores", lambda: 64)
-    assert env.baseline_loader("lab03_amp", "cuda", "grade")["num_workers"] == env.FED_WORKERS
+    assert env.fed_workers() == env.FED_WORKERS

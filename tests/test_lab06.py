@@ -552,9 +552,16 @@ def test_a_fed_baseline_keeps_its_loader_in_the_reference_plan(monkeypatch: pyte
     fed = {"num_workers": 8, "pin_memory": False, "persistent_workers": True}
     monkeypatch.setattr(env, "baseline_loader", lambda lab, device=None, mode=None: dict(fed))
     plans = lab06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
-    assert plans[0].action == "skip" and "already loads with 8 workers" in plans[0].reason
+    assert plans[0].action == "skip" and "loads with 8 workers" in plans[0].reason
     final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
     assert final.num_workers == 8
+    # Today's fed baseline on a GPU: the training set on the device; no loader change either.
+    monkeypatch.setattr(env, "baseline_loader", lambda lab, device=None, mode=None: {"data_on_device": True,
+                                                                                    "gpu_augment": True})
+    plans = lab06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
+    assert plans[0].action == "skip" and "device memory" in plans[0].reason
+    final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
+    assert final.num_workers == 0 and final.data_on_device
 
 
 def test_screening_with_loader_workers_times_the_loaders_pace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import psutil
@@ -314,3 +315,47 @@ def test_the_loss_stays_on_the_device_until_read() -> None:
         work.close()
     run = workload.train(TINY, 2)
     assert len(run.losses) == 2 and all(type(x) is float for x in run.losses)
+
+
+def test_data_on_device_sees_the_loaders_samples_in_the_loaders_order() -> None:
+    """The training set kept on the device (labs 3-6's fed baseline on a GPU) trains on the samples the
+    DataLoader would have given, step for step and across epochs, as uint8 squares the device crops."""
+    from perflab import dataset
+
+    loaded = TINY.replace(gpu_augment=True)
+    kept = loaded.replace(data_on_device=True)
+    per_epoch = len(workload.build_loader(loaded))
+    steps = 2 * per_epoch + 1  # into the third epoch
+    a, b = workload.train(loaded, steps=steps), workload.train(kept, steps=steps)
+    assert a.indices == b.indices
+    assert all(math.isfinite(loss) for loss in b.losses)
+    work = workload.build(kept)
+    try:
+        images, labels, indices = work.next_batch()
+        side = dataset.device_side_size(TINY.image_size)
+        assert images.dtype == torch.uint8 and images.shape == (TINY.batch_size, 3, side, side)
+        ready, _ = work.on_device(images, labels)
+        assert ready.shape[-2:] == (TINY.image_size, TINY.image_size) and ready.dtype == torch.float32
+        assert len(work.loader) == per_epoch
+    finally:
+        work.close()
+
+
+def test_data_on_device_is_refused_beside_workers_or_without_device_augmentation() -> None:
+    with pytest.raises(ValueError, match="data_on_device: .* num_workers=0"):
+        TINY.replace(data_on_device=True, gpu_augment=True, num_workers=2)
+    with pytest.raises(ValueError, match="data_on_device: .* gpu_augment=True"):
+        TINY.replace(data_on_device=True)
+    kept = TINY.replace(data_on_device=True, gpu_augment=True, pin_memory=True, device="cpu")
+    assert not kept.effective().pin_memory
+
+
+def test_workloads_of_one_process_share_the_set_kept_on_the_device() -> None:
+    """The verifier's two sides (and lab 6's chain) decode the set into device memory once."""
+    kept = TINY.replace(gpu_augment=True, data_on_device=True)
+    first, second = workload.build(kept), workload.build(kept.replace(amp_dtype="bf16"))
+    try:
+        assert first.loader.images is second.loader.images
+    finally:
+        first.close()
+        second.close()

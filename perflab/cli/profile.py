@@ -39,6 +39,8 @@ _HELP = {
     "persistent_workers": "keep workers alive across epochs",
     "prefetch_factor": "batches each worker keeps in flight",
     "gpu_augment": "augment on the device with kornia",
+    "data_on_device": "decode the training set once into device memory and gather each batch there (needs "
+                      "--gpu-augment and no workers)",
     "amp_dtype": "autocast dtype: bf16 or fp16",
     "channels_last": "NHWC memory format for model and inputs",
     "checkpoint_stages": "the first N ResNet stages (0-4) run under activation checkpointing",

@@ -266,6 +266,18 @@ def precision_change(info: env.MachineInfo, mode: str | None = None) -> Change |
     return Change(name, fields, lab03.EXPECTATION)
 
 
+def is_fed(config: TrainConfig) -> bool:
+    """Whether `config` starts fed (a GPU's baseline: its data on the device, or loader workers)."""
+    return config.data_on_device or config.num_workers > 0
+
+
+def fed_text(config: TrainConfig) -> str:
+    """How a fed `config` is fed, in words."""
+    if config.data_on_device:
+        return "its training set is decoded once into device memory"
+    return f"it loads with {config.num_workers} workers"
+
+
 def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False,
                  expectations: Callable[[str], Any] | None = None) -> list[Plan]:
     """The ablation's changes in order, each with what to do on this machine and why.
@@ -293,9 +305,8 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
         return Plan(change, "try", "not calibrated for this workload on this hardware: the screening measures it")
 
     base = baseline_config(mode)
-    if base.num_workers > 0:  # a GPU's fed baseline (env.baseline_loader): lab 2's answer is in already
-        plans.append(Plan(loader_change(info), "skip",
-                          f"this device's baseline already loads with {base.num_workers} workers (lab 2's answer)"))
+    if is_fed(base):  # a GPU's fed baseline (env.baseline_loader): nothing is left for a loader to do
+        plans.append(Plan(loader_change(info), "skip", f"this device's baseline is already fed ({fed_text(base)})"))
     else:
         plans.append(judged(loader_change(info), True, ""))
     precision = precision_change(info, mode)
@@ -352,9 +363,9 @@ def plan_from(loader: Mapping[str, Any] | None, precision: Mapping[str, Any] | N
     base = baseline_config(mode)
     plans = []
     fields = {k: v for k, v in dict(loader or {}).items() if k in LOADER_FIELDS}
-    if base.num_workers > 0 and fields:
+    if is_fed(base) and fields:
         plans.append(Plan(Change("your lab 2 loader", fields, "num_workers"), "skip",
-                          f"this device's baseline already loads with {base.num_workers} workers"))
+                          f"this device's baseline is already fed ({fed_text(base)})"))
     elif fields.get("num_workers"):
         workers = fields["num_workers"]
         plans.append(Plan(Change(f"your lab 2 loader ({workers} worker{'s' if workers != 1 else ''})", fields, "num_workers"),
