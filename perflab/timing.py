@@ -493,6 +493,7 @@ def compare(
     device: torch.device | str | None = None,
     labels: tuple[str, str] = ("A", "B"),
     threads: int | None = None,
+    lead_in: int | tuple[int, int] = 0,
 ) -> Comparison:
     """Time `a` and `b` in interleaved blocks, A B B A A B B A ..., `blocks` blocks of each.
 
@@ -500,7 +501,10 @@ def compare(
     as in `benchmark`). `block_size=None` sizes blocks from the warm-up to take about
     TARGET_BLOCK_SECONDS. Both get `warmup` untimed calls first, alternately. Interleaving in
     ABBA order puts A and B through the same drift of the machine, so their ratio keeps only
-    what differs between them.
+    what differs between them. `lead_in` (one count, or one for `a` and one for `b`) untimed calls
+    come right before each of a function's blocks: what a training step fed by loader workers needs to
+    be timed at its loader's pace, not from the queue its workers filled while the other one ran
+    (`perflab.verify.pace`).
     """
     _check_callable(a, "a")
     _check_callable(b, "b")
@@ -510,6 +514,9 @@ def compare(
         raise ValueError(f"block_size: must be at least 1 (or None to size blocks), got {block_size}")
     if warmup < 0:
         raise ValueError(f"warmup: must be 0 or more calls, got {warmup}")
+    lead_a, lead_b = (lead_in, lead_in) if isinstance(lead_in, int) else lead_in
+    if min(lead_a, lead_b) < 0:
+        raise ValueError(f"lead_in: must be 0 or more calls, got {lead_in}")
     dev = _resolve_device(device)
     time_block, settle, timer = _block_timer(dev, clock, sync)
     with _threads(threads) as n_threads:
@@ -524,8 +531,13 @@ def compare(
         a_times: list[float] = []
         b_times: list[float] = []
         for pair in range(blocks):
-            order = ((a, a_times), (b, b_times)) if pair % 2 == 0 else ((b, b_times), (a, a_times))
-            for fn, out in order:
+            order = (((a, a_times, lead_a), (b, b_times, lead_b)) if pair % 2 == 0
+                     else ((b, b_times, lead_b), (a, a_times, lead_a)))
+            for fn, out, lead in order:
+                if lead:
+                    for _ in range(lead):
+                        fn()
+                    settle()
                 out.append(time_block(fn, block_size))
     log.debug("compare: %d blocks of %d calls each on %s", blocks, block_size, dev)
     return Comparison(

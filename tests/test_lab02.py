@@ -232,3 +232,12 @@ def test_reference_best_is_what_calibration_times() -> None:
     assert GRADED_IN[lab02.EXPECTATION] == lab02.LAB  # calibrated at this lab's grade workload
     assert best == baseline_config("grade", lab=lab02.LAB).replace(threads=lab02.TRAIN_THREADS,
                                                                    **REFERENCE_CHANGES[lab02.EXPECTATION])
+
+
+def test_loader_configurations_are_compared_at_their_loaders_pace() -> None:
+    from perflab.verify import pace
+
+    base = lab02.baseline_config("tiny")
+    best = base.replace(num_workers=2, persistent_workers=True)
+    assert lab02.loader_pace(base, best, 1) == {"block_size": pace.min_block_steps(4), "lead_in": (0, pace.lead_in(4))}
+    assert lab02.loader_pace(base, base, 2) == {"block_size": 2, "lead_in": (0, 0)}

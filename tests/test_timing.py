@@ -233,3 +233,24 @@ def test_cuda_calls_are_timed_with_events():
     assert 0 < m.median < 0.1
     c = timing.compare(lambda: x @ x, lambda: None, blocks=4, device="cuda")
     assert c.timer == "cuda-event" and c.verdict() == timing.B_FASTER
+
+
+def test_compare_runs_each_functions_lead_in_untimed_before_each_of_its_blocks() -> None:
+    """A step fed by loader workers is timed after the queue its workers filled is drained."""
+    calls: list[str] = []
+    clock = FakeClock()
+
+    def a() -> None:
+        calls.append("a")
+        clock.advance(0.01)
+
+    def b() -> None:
+        calls.append("b")
+        clock.advance(0.01)
+
+    c = timing.compare(a, b, blocks=2, block_size=1, warmup=0, lead_in=(0, 3), clock=clock)
+    # A's block, then B's lead-in of 3 and its block; then B first (its lead-in again), then A.
+    assert calls == ["a", "b", "b", "b", "b", "b", "b", "b", "b", "a"]
+    assert all(t == pytest.approx(0.01) for t in (*c.a_times, *c.b_times))  # lead-in calls are not timed
+    with pytest.raises(ValueError, match="lead_in"):
+        timing.compare(a, b, blocks=2, lead_in=-1, clock=clock)

@@ -576,8 +576,10 @@ else:
 # autograder re-runs this notebook on its own machine and grades the `BEST` that machine's
 # measurements give. A sweep runs each setting one after the other, so a busy moment can flatter
 # one of them: keep a change only when an interleaved comparison (`timing.compare`, as in the next
-# cell) says it is faster than the baseline. If nothing beats the baseline here, `BEST = BASELINE`
-# is the correct answer.
+# cell) says it is faster than the baseline. While one side of such a comparison runs, the other's
+# workers fill their queue; a short block would then read those batches at no cost, so loader
+# configurations are compared in blocks long enough, each after its queue is drained
+# (`lab02.loader_pace`). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
 #
 # The next cells measure your speedup (`CLAIM`) with `perflab.timing.compare` (interleaved blocks
 # of training steps, bootstrap CI), check that `BEST` consumes the baseline's samples pixel for pixel
@@ -593,7 +595,7 @@ if _chosen > 0:
                                   pin_memory=DEVICE.type == "cuda")
     _a, _b = workload.build(BASELINE), workload.build(_candidate)
     _check = timing.compare(lambda: workload.train_step(_a), lambda: workload.train_step(_b),
-                            blocks=S.compare_blocks, block_size=S.compare_block_size)
+                            blocks=S.compare_blocks, **lab02.loader_pace(BASELINE, _candidate, S.compare_block_size))
     _a.close()
     _b.close()
     print(_check)
@@ -605,7 +607,8 @@ print(BEST)
 # %%
 base_work, best_work = workload.build(BASELINE), workload.build(BEST)
 COMPARISON = timing.compare(lambda: workload.train_step(base_work), lambda: workload.train_step(best_work),
-                            blocks=S.compare_blocks, block_size=S.compare_block_size, labels=("baseline", "BEST"))
+                            blocks=S.compare_blocks, labels=("baseline", "BEST"),
+                            **lab02.loader_pace(BASELINE, BEST, S.compare_block_size))
 CLAIM = COMPARISON.speedup
 print(COMPARISON)
 AFTER = phases.measure_phases(BEST, steps=S.phase_steps)
