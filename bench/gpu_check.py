@@ -3,8 +3,8 @@
 Runs, in one go and within a time budget (default 9 minutes):
   env        `perflab env`: the machine and its hardware class
   data       the data sets the checks train on (the full set on a GPU), with their build times
-  profile    `perflab profile` at the full-mode workload: fp32 as it starts, fp32 on a fed loader (labs
-             3-6's baseline) and optimized (the labs' answers: the fed loader, bf16, channels_last),
+  profile    `perflab profile` at the full-mode workload: fp32 as it starts, fp32 fed (labs 3-6's
+             baseline: on a GPU the set kept on the device) and optimized (fed, bf16, channels_last),
              throughput over wall time beside the median step, and the sustained speedup of the last
              over the second
   loader     the fed loader's ceiling without a model: images a second its workers deliver, as loaded
@@ -173,12 +173,13 @@ def profile_config(*, check_mode: str, device: str) -> Any:
 
 
 def optimized_config(base: Any, device: str) -> Any:
-    """The labs' answers together: a fed loader (on a GPU), bf16 where autocast runs it, channels_last."""
+    """The labs' answers together: fed (on a GPU, labs 3-6's baseline), bf16 where autocast runs it,
+    channels_last."""
     import torch
 
     from perflab import env
 
-    loader = env.baseline_loader("lab06_together", device, "full") if device == "cuda" else {}
+    loader = env.baseline_loader("lab06_together", device, "full") if device.startswith("cuda") else {}
     amp = "bf16" if env.supports_autocast(device, torch.bfloat16) else None
     return base.replace(amp_dtype=amp, channels_last=True, **loader)
 
@@ -299,7 +300,8 @@ def _judge_labs(check: Check) -> None:
     check.doc["labs"] = {}
     for lab, (_module, judge, observe, reference, lazy) in lab_choices(check.mode).items():
         row: dict[str, Any] = {"workload": {k: getattr(lazy, k) for k in (
-            "data", "image_size", "batch_size", "num_workers", "pin_memory", "persistent_workers", "gpu_augment")}}
+            "data", "image_size", "batch_size", "num_workers", "pin_memory", "persistent_workers", "gpu_augment",
+            "data_on_device")}}
         for name, choice in (("lazy", lazy), ("reference", reference)):
             row[name] = _mark_dict(judge(observe(choice), Context(lab, 0, check.mode)))
             print(f"  {lab} {name}: {row[name]['fraction']:.2f} {row[name]['message'][:140]}", flush=True)
@@ -370,7 +372,8 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"{'lab':16s} {'workload':24s} {'reference':>30s} {'lazy':>8s}")
         for lab, row in doc["labs"].items():
             w, ref, lazy = row["workload"], row["reference"], row["lazy"]
-            load = f"{w['data']} {w['image_size']}px b{w['batch_size']} w{w['num_workers']}"
+            feed = "on device" if w.get("data_on_device") else f"w{w['num_workers']}"
+            load = f"{w['data']} {w['image_size']}px b{w['batch_size']} {feed}"
             lines.append(f"{lab:16s} {load:24s} {_fmt(ref['speedup'], '.2f'):>6s}x {ref['verdict'] or '-':>10s} "
                          f"{ref['fraction']:5.2f} pts {lazy['fraction']:8.2f}")
     for name, e in doc.get("calibration", {}).get("entries", {}).items():

@@ -259,10 +259,10 @@ def run_mode() -> str:
 #
 # CUDA, from an H100 80GB (docs/DESIGN.md has the table): at 224 px, batch 128, the fp32 baseline with no
 # loader workers waits on its loader 84% of its 340 ms step, so lab 2 keeps that starved baseline (4
-# workers: 12.8x) and every other lab starts fed (`baseline_loader`), where bf16 and channels_last give
-# 2.2x and checkpointing saves 40% of the activations (2.84 GB to 1.71 GB). Labs 3-6 train on the full
-# set there: 78 batches of 128 an epoch, so the loader's restart at an epoch's end is one step in 78, not
-# one in 7 as on the small set.
+# workers: 12.8x) and every other lab starts fed (`baseline_loader`: since an H200's 8 workers fed FP32
+# but not bf16, the set kept decoded on the device), where bf16 and channels_last give 2.2x and
+# checkpointing saves 40% of the activations (2.84 GB to 1.71 GB). Labs 3-6 train on the full set there:
+# 78 batches of 128 an epoch, not 7 as on the small set.
 GRADE_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
     "lab02_feed": {"cpu": ("photo", 32, 16), "cuda": ("small", 224, 128)},
     "lab03_amp": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
@@ -283,9 +283,9 @@ LAPTOP_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
 # The labs whose baseline on a GPU is fed, so that what they teach is not hidden behind data loading;
 # lab 2 itself starts starved, its lesson being the loader.
 FED_LABS = ("lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
-# Loader workers that feed a GPU where workers load (lab 2's answer; bench and gpu-check's loader
-# ceiling): the H100's 16 cores fed FP32 at 224 px, batch 128 with 8, and one core stays with the
-# training process. Not enough for bf16: an H200's 8 workers decoded about 4,000 images a second, half
+# Loader workers that feed a GPU where workers load (gpu-check's and bench_loader's ceiling, the decoding
+# of a set kept on the device): the H100's 16 cores fed FP32 at 224 px, batch 128 with 8, and one core
+# stays with the training process. Not enough for bf16: an H200's 8 workers decoded about 4,000 images a second, half
 # of what bf16 with channels_last trains, so the fed labs keep their data on the device instead.
 FED_WORKERS = 8
 

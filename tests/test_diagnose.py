@@ -118,3 +118,12 @@ def test_saved_results_are_diagnosed_again_to_the_same_verdict() -> None:
     again = dg.diagnose_results(doc)
     assert again == d
     assert "bottleneck    data loading" in d.describe()
+
+
+def test_a_set_kept_on_the_device_is_not_told_to_add_workers() -> None:
+    from perflab import diagnose
+
+    step, _ = diagnose._next_for_data({"data_on_device": True, "gpu_augment": True}, "cuda")
+    assert "--num-workers" not in step and "already decoded on the device" in step
+    step, _ = diagnose._next_for_copy({"data_on_device": True})
+    assert "--pin-memory" not in step

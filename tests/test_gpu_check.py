@@ -45,7 +45,11 @@ def test_profiles_state_wall_throughput_beside_the_median_step(cpu_check):
         assert p["samples_per_s"] == pytest.approx(batch / p["mean_step_s"])
     assert cpu_check["profiles"]["optimized"]["config"]["channels_last"]
     fed, optimized = cpu_check["profiles"]["fed_fp32"], cpu_check["profiles"]["optimized"]
-    assert fed["config"]["num_workers"] == optimized["config"]["num_workers"] and not fed["config"]["channels_last"]
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    assert all(fed["config"][f] == optimized["config"][f] for f in gpu_check.LOADER_FIELDS)
+    assert not fed["config"]["channels_last"]
     assert cpu_check["sustained_speedup"] == pytest.approx(optimized["samples_per_s"] / fed["samples_per_s"])
 
 

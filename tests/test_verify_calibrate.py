@@ -122,3 +122,12 @@ def test_calibrating_some_optimisations_drops_bars_timed_at_another_thread_count
     calibrate.calibrate(["amp_bf16"], repeats=1, out_dir=tmp_path, device="cpu")
     doc = expectations.load_file(path)
     assert sorted(doc["optimisations"]) == ["amp_bf16"] and doc["verify_threads"] == VERIFY_THREADS
+
+
+def test_a_reference_answer_that_is_the_baseline_is_not_timed():
+    """Lab 3's answer on a CPU without bf16 keeps FP32: nothing to time, and no run 'fails'."""
+    from perflab.workload import TrainConfig
+
+    base = TrainConfig(data="tiny")
+    entry = calibrate._measure("lab03_amp", base, base.replace(pin_memory=True), 3, None, None)
+    assert entry["kind"] == "unmeasured" and entry["runs"] == [] and "is the baseline" in entry["rule"]

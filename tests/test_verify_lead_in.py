@@ -128,12 +128,26 @@ def test_workers_that_deliver_in_bursts_are_timed_at_their_sustained_pace():
     assert steps >= 2 * queue_depth
     for share in (0.3, 0.7):
         timed = _timed_pace(lead_in, steps, share)
-        assert 0.9 < timed < 1.15, f"compute {share:.0%} of loading: timed at {timed:.2f}x the sustained step time"
+        assert 0.85 < timed < 1.2, f"compute {share:.0%} of loading: timed at {timed:.2f}x the sustained step time"
     # Before: a lead-in of the queue and a 40 ms block (one or two steps) read the queue or a burst.
-    assert not 0.9 < _timed_pace(queue_depth, 1, 0.3) < 1.15
+    assert not 0.85 < _timed_pace(queue_depth, 1, 0.3) < 1.2
 
 
 def test_blocks_follow_the_clock_without_workers_and_the_queue_with_them():
     assert child.block_steps(0.1) == 1 and child.block_steps(0.001) == child.MAX_BLOCK_STEPS
     assert child.block_steps(0.1, (0, 16)) == pace.LOADER_BLOCK_QUEUES * 16
     assert child.block_steps(0.1, (16, 4), fixed=3) == 3
+
+
+def test_blocks_made_longer_for_a_loader_get_the_time_for_a_decision():
+    """Lab 2 on a GPU: a starved 340 ms step against a fed 40 ms one in blocks of 8 (2 workers) needs
+    about 3 s a pair; the default 20 s would end after 7 pairs, "too few" for a decision."""
+    from perflab.verify import decide
+
+    budget = decide.Budget()
+    paced = child.paced_budget(budget, 8, 0.34, 0.04)
+    assert paced.max_timed_seconds >= budget.min_pairs * 8 * (0.34 + 0.04)
+    assert paced.max_timed_seconds <= child.PACE_MAX_TIMED_SECONDS and paced.min_pairs == budget.min_pairs
+    assert child.paced_budget(budget, 1, 0.34, 0.04) is budget  # the clock's own block: nothing to add
+    assert child.paced_budget(budget, 8, 0.001, 0.001) is budget  # fits already
+    assert child.paced_budget(budget, 800, 1.0, 1.0).max_timed_seconds == child.PACE_MAX_TIMED_SECONDS

@@ -43,7 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from perflab.results import ResultsError
 
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit
+        return code
     except (UserError, ValueError, FileNotFoundError, ResultsError) as exc:
         print(f"perflab {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -51,10 +53,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"perflab {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe broke (a subprocess's): an error to see, not a reader that stopped
         # The reader went away (`perflab grade status | head`): stop quietly, as `ls | head` does. Python's
         # own flush at exit would fail on the same pipe, so stdout goes to /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program a closed pipe stopped
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader went away (poll reports an error on its end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no file behind stdout
+        return True
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -54,6 +54,7 @@ def loss_curves(step: StepFn, precisions: Sequence[str], *, mode: str | None = N
                 images, labels = work.on_device(images, labels)  # augmented there on a fed GPU baseline
                 losses.append(loss_float(step(work.model, work.optimizer, images, labels, dtype=dtype, scaler=scaler),
                                          f"{name} step {len(losses) + 1}"))
+                work.steps_done += 1  # the device's augmentation is seeded by step
         finally:
             work.close()
         curves[name] = losses

@@ -131,8 +131,8 @@ NOTEBOOK = f"{LAB}.ipynb"
 REPORT_FILE = "report.html"
 # What this lab can promise on each kind of device (printed by common.hardware_statement).
 HARDWARE_NOTES = {
-    "cuda": "the full chain can pay here: loader workers with pinned memory, bf16 (or fp16) with "
-            "channels_last on tensor cores, and torch.compile; expect a large cumulative speedup.",
+    "cuda": "the full chain can pay here: data that keeps up (the training set kept on the GPU), bf16 (or "
+            "fp16) with channels_last on tensor cores, and torch.compile; expect a large cumulative speedup.",
     "mps": "loader workers and fp16 autocast may pay; pinned memory does nothing on shared memory, and "
            "compiling is not screened here.",
     "cpu": "loader workers compete with the model for the same cores and bf16 pays only with bf16 "
@@ -193,8 +193,9 @@ def sizes(mode: str | None = None) -> LabSizes:
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:
-    """The configuration every lab starts from: fp32, no loader workers (on a GPU the fed loader of
-    `env.baseline_loader`), nothing compiled, the model on TRAIN_THREADS torch threads."""
+    """The configuration every lab starts from: fp32, no loader workers (on a GPU fed, its training set
+    kept on the device by `env.baseline_loader`), nothing compiled, the model on TRAIN_THREADS torch
+    threads."""
     s = sizes(mode)
     return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, threads=TRAIN_THREADS,
                        **env.baseline_loader(LAB, mode=s.mode))

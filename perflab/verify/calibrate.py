@@ -79,7 +79,7 @@ def lab_pairs(mode: str = "grade") -> dict[str, tuple[Any, Any]]:
 
 def baseline_config(mode: str = "grade", device: str | None = None, lab: str | None = None) -> Any:
     """The lab baseline at `mode`'s sizes (`lab`'s own in grade and laptop mode): the plain fp32 loop, with
-    no loader workers, or on a GPU lab 2's answer where `lab` starts fed (`env.baseline_loader`)."""
+    no loader workers, or on a GPU the set kept on the device where `lab` starts fed (`env.baseline_loader`)."""
     from perflab import env
     from perflab.workload import TrainConfig
 
@@ -184,6 +184,9 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
     """`repeats` verifications of `cand` against `base`, summarised into an expectations entry."""
     from perflab.verify.protocol import verify
 
+    if base.effective() == cand.effective():  # e.g. lab 3's answer on a CPU without bf16: FP32 as it was
+        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [], "kind": "unmeasured",
+                "rule": "the reference answer is the baseline on this hardware: nothing to time, no gain to take"}
     runs = []
     for i in range(repeats):
         # The bar 1.0 only decides when the run may stop; with min_pairs == max_pairs it never stops early.
