@@ -83,3 +83,12 @@ def test_a_gpu_calibrates_what_its_judges_read_before_lab_6_sums_them():
     names = gpu_check._cuda_calibration()
     assert names.index(lab06.EXPECTATION) > max(names.index(lab03.EXPECTATION), names.index("compile"))
     assert names[:2] == [lab02.EXPECTATION, lab03.EXPECTATION]
+
+
+def test_the_data_step_builds_the_tiny_set_the_cuda_tests_train_on():
+    """On an H200 the CUDA tracing tests failed on a fresh machine: the data step built only the grade sets."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    sizes = gpu_check._sizes_needed("grade", "cpu")  # a TrainConfig on "cuda" needs a visible device
+    assert "tiny" in sizes and "full" in sizes
