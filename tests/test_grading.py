@@ -53,6 +53,16 @@ def _release():
      "what perflab planted"),
     ("import perflab.mystery.catalogue as c\nbugs = c.CATALOGUE", "what perflab planted"),
     ("from perflab.mystery import draw\nbugs = draw('me')", "perflab.mystery.draw"),
+    # The planted truth by a spelling no text names: a computed module name, getattr, sys.modules.
+    ("import importlib\nm = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
+     "case = getattr(m, 'for_' + 'student')('me')", "whose name it computes"),
+    ("from importlib import import_module\nm = import_module('perflab.mystery')\nf = getattr(m, 'for_student')",
+     "perflab.mystery.for_student"),
+    ("import importlib\nm = importlib.import_module('perflab.mystery')\nbugs = m.draw('me')", "perflab.mystery.draw"),
+    ("import sys\nm = sys.modules['perflab.' + 'mystery']", "sys.modules by a computed name"),
+    ("import importlib\nc = importlib.import_module('perflab.mystery.catalogue')", "what perflab planted"),
+    ("import perflab.labs.lab01_mystery as lm\nname = 'load_' + 'pipeline'\nf = getattr(lm, name)",
+     "whose name it computes"),
 ])
 def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, needle):
     messages = checks.scan_code(code)
@@ -71,6 +81,8 @@ def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, need
     "n_steps = 10",
     "from perflab import mystery\nfrom perflab.labs import lab01_mystery\nSTUDENT_ID = mystery.student_id(MY_ID)\n"
     "PIPELINE = lab01_mystery.write_pipeline(STUDENT_ID)\ncosts = lab01_mystery.line_costs(PIPELINE)",
+    "import importlib\nlm = importlib.import_module('perflab.labs.lab01_mystery')\nsaves = lm.saving('a.py', 'b.py')",
+    "import torch\ndtype = getattr(torch, 'bfloat' + '16')",
 ])
 def test_scan_code_leaves_honest_code_alone(code):
     assert checks.scan_code(code) == []

@@ -32,13 +32,17 @@ def _mark(grade_id: str, namespace: dict[str, Any], student: str) -> judging.Mar
     return judging.judge_cell(grade_id, judges.JUDGES[grade_id], _ctx(student, observations))
 
 
-def _finding(line: int, kind: str, function: str = "Trainer.step") -> dict[str, Any]:
+def _finding(line: int, kind: str, function: str = "Trainer.step", saves: float = 0.1) -> dict[str, Any]:
     return {"line": line, "function": function, "kind": kind, "tool": "line_profiler",
-            "evidence": "it took most of the step", "fix": "removed it"}
+            "evidence": "it took most of the step", "fix": "removed it", "saves": saves}
 
 
 def _right_answers(student: str) -> list[dict[str, Any]]:
-    return [_finding(p.lines[-1], p.kind, p.function) for p in mystery.for_student(student).planted]
+    """Every planted bug at its line, its type, and the saving the grader measures (as an honest
+    notebook, re-run on the grading machine, measures it)."""
+    savings = judges.measured_savings(student, "tiny")
+    return [_finding(p.lines[-1], p.kind, p.function, round(savings[p.key], 3))
+            for p in mystery.for_student(student).planted]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,10 +121,45 @@ def test_a_right_diagnosis_earns_everything_and_each_mistake_costs_its_share() -
     assert mark.fraction == pytest.approx(1 / 3) and "with no planted bug" in mark.message
 
 
+def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothing() -> None:
+    """The planted truth (read from the kit, or a classmate's pipeline diffed) gives lines and types; a
+    finding counts only with a saving that agrees with the grader's measurement of this pipeline."""
+    student = "bob"  # grad_histograms (about 0.4 of a step), row_loop (about 0.1), batch_history (0)
+    right = _right_answers(student)
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": right}, student).fraction == 1.0
+    for guess in (0.0, 0.2, 0.5, 0.9):
+        guessed = [dict(f, saves=guess) for f in right]
+        mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, student)
+        assert mark.fraction <= 1 / 3 + 1e-9, (guess, mark.message)
+        assert "agrees with the grader's measurement" in mark.message
+    # The right magnitudes in the wrong order: the two clearly apart lose their counts.
+    by_key = {p.key: f for p, f in zip(mystery.for_student(student).planted, right, strict=True)}
+    swapped = dict(by_key, grad_histograms=dict(by_key["grad_histograms"], saves=by_key["row_loop"]["saves"]),
+                   row_loop=dict(by_key["row_loop"], saves=by_key["grad_histograms"]["saves"]))
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": list(swapped.values())}, student).fraction <= 1 / 3 + 1e-9
+    # Without a saving at all the form is wrong: the visible check says what is missing.
+    bare = [{k: v for k, v in f.items() if k != "saves"} for f in right]
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": bare}, student)
+    assert mark.fraction == 0.0 and "saves should be" in mark.message
+
+
+def test_an_honest_saving_measured_with_the_labs_helper_agrees_with_the_graders(tiny_data, tmp_path) -> None:
+    """What `lab01_mystery.saving` measures of a copy with one fix is what the grader measures of that bug."""
+    student = "erin"
+    case = mystery.for_student(student, "tiny")
+    planted = case.write(tmp_path / "planted.py")
+    truth = judges.measured_savings(student, "tiny")
+    for p in case.planted:
+        only = mystery.for_student(student, "tiny", bugs=tuple(q.key for q in case.planted if q.key != p.key))
+        measured = lab01_mystery.saving(planted, only.write(tmp_path / f"only_{p.key}.py"))
+        assert judges.saving_agrees(measured, truth[p.key]), (p.key, measured, truth[p.key])
+
+
 def test_a_bug_reported_line_by_line_counts_once_and_costs_nothing() -> None:
     student = next(f"s{i}" for i in range(200) if any(len(p.lines) > 1 for p in mystery.for_student(f"s{i}").planted))
     planted = mystery.for_student(student).planted
-    each_line = [_finding(n, p.kind) for p in planted for n in p.lines]
+    savings = judges.measured_savings(student, "tiny")
+    each_line = [_finding(n, p.kind, saves=savings[p.key]) for p in planted for n in p.lines]
     assert len(each_line) > len(planted)
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": each_line}, student).fraction == 1.0
 
@@ -128,7 +167,9 @@ def test_a_bug_reported_line_by_line_counts_once_and_costs_nothing() -> None:
 def test_a_finding_in_a_helper_only_the_bug_calls_counts() -> None:
     student = next(f"s{i}" for i in range(200) if any(p.helper_lines for p in mystery.for_student(f"s{i}").planted))
     planted = mystery.for_student(student).planted
-    answers = [_finding(p.helper_lines[-1] if p.helper_lines else p.lines[0], p.kind) for p in planted]
+    savings = judges.measured_savings(student, "tiny")
+    answers = [_finding(p.helper_lines[-1] if p.helper_lines else p.lines[0], p.kind, saves=savings[p.key])
+               for p in planted]
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": answers}, student).fraction == 1.0
 
 
@@ -421,3 +462,37 @@ def test_writing_the_pipeline_builds_the_data_set_it_trains_on(tmp_path, monkeyp
     assert not dataset.is_built("tiny")
     path = lab01_mystery.write_pipeline("alice", tmp_path / "mystery_pipeline.py")
     assert dataset.is_built("tiny") and path.read_text() == mystery.for_student("alice", "tiny").source
+
+
+TRUTH_READERS = {
+    # The held-out cheat's spelling: the planted truth through a computed import and getattr.
+    "computed_import": (
+        "import importlib\n"
+        "_kit = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
+        "_case = getattr(_kit, 'for_' + 'student')(STUDENT_ID)\n"
+        "DIAGNOSIS = [{'line': p.lines[-1], 'function': p.function, 'kind': p.kind, 'tool': 'line_profiler',\n"
+        "              'evidence': 'it was slow', 'fix': 'removed it', 'saves': {saves}}\n"
+        "             for p in getattr(_case, 'plan' + 'ted')]\n"),
+}
+
+
+def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny_data, tmp_path) -> None:
+    """Graded for real: the reference notebook whose investigation cell ends by replacing DIAGNOSIS with
+    the planted truth (lines and types right, a guessed saving) is flagged for a person, and earns less
+    of the diagnosis than the same notebook measuring; a truth without savings earns nothing."""
+    import nbformat
+
+    from perflab.labs import build
+
+    student = "bob"  # its bugs' savings differ clearly: a constant guess cannot order them
+    nb = build.read_notebook(build.source_notebook(LAB))
+    cell = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "mystery_investigation")
+    cell.source = cell.source.replace("### END SOLUTION", TRUTH_READERS["computed_import"].replace("{saves}", "0.15")
+                                      + "### END SOLUTION")
+    path = tmp_path / f"{LAB}.ipynb"
+    nbformat.write(nb, path)
+    run = H.autograde(H.course_for(LAB), LAB, student, path)
+    scores = {s.grade_id: s.auto_score for s in run.autograded}
+    assert scores["mystery_diagnosis"] < 8 / 3, run.shortfalls()
+    assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
+    assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags

@@ -229,7 +229,7 @@ def scan_code(source: str, known: dict[str, str] | None = None) -> list[str]:
                 messages.append(line + f"the code replaces {dotted}; timing and perflab must not be patched "
                                 "(the autograder re-measures in a fresh process, and flags this)")
             elif (isinstance(target, ast.Name) and aliases.get(target.id, "").startswith("perflab.")
-                  and not isinstance(node, ast.Delete)):
+                  and not isinstance(node, ast.Delete) and not _imports(node)):
                 messages.append(line + f"the code rebinds {target.id}, which stands for {aliases[target.id]}; "
                                 "perflab must not be replaced (the grader uses its own, and flags this)")
         if isinstance(node, ast.Call):
@@ -304,8 +304,53 @@ PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.draw", "perflab
 PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines"})
 
 
-def _scan_planted_truth(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+IMPORTERS = frozenset({"importlib.import_module", "__import__", "importlib.__import__", "builtins.__import__"})
+
+
+def _literal(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _imports(node: ast.AST) -> bool:
+    """`name = importlib.import_module("...")`: an import spelled as a call, not a rebinding."""
+    return (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and (_dotted(node.value.func, {}) or "") in (*IMPORTERS, "import_module"))
+
+
+def _scan_computed_reach(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+    """A module or a perflab attribute reached by a name the code computes (`import_module("perflab." +
+    "mys" + "tery")`, `getattr(perflab_module, name)`, `sys.modules[key]`): what a text scan cannot read,
+    a person does."""
     out = []
+    for node in ast.walk(tree):
+        line = f"line {getattr(node, 'lineno', '?')}: "
+        if isinstance(node, ast.Call):
+            func = _dotted(node.func, aliases) or ""
+            first = node.args[0] if node.args else None
+            if func in IMPORTERS and not _literal(first):
+                out.append(line + f"the code imports a module whose name it computes ({func}); flagged for review")
+            owner = _dotted(node.args[0], aliases) if func == "getattr" and len(node.args) >= 2 else None
+            if owner and _literal(node.args[1]) and any(
+                    f"{owner}.{node.args[1].value}" == name or f"{owner}.{node.args[1].value}".startswith(name + ".")
+                    for name in PLANTED_TRUTH):
+                out.append(line + f"the code reads what perflab planted in the mystery pipeline "
+                           f"({owner}.{node.args[1].value}); a diagnosis comes from your measurements (flagged for review)")
+            if (func == "getattr" and len(node.args) >= 2 and not _literal(node.args[1])
+                    and (_dotted(node.args[0], aliases) or "").split(".")[0] in ("perflab", "sys")):
+                out.append(line + "the code reads an attribute of perflab whose name it computes (getattr); "
+                           "flagged for review")
+        if (isinstance(node, ast.Subscript) and _dotted(node.value, aliases) == "sys.modules"
+                and not _literal(node.slice)):
+            out.append(line + "the code reads sys.modules by a computed name; flagged for review")
+        if _literal(node) and any(node.value == name or node.value.startswith(name + ".")
+                                  for name in PLANTED_TRUTH):
+            out.append(line + f"the code names what perflab planted in the mystery pipeline ({node.value!r}); "
+                       "a diagnosis comes from your measurements (flagged for review)")
+    return out
+
+
+def _scan_planted_truth(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
+    out = _scan_computed_reach(tree, aliases)
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Attribute, ast.Name)):
             continue
@@ -331,6 +376,11 @@ def _aliases(tree: ast.AST) -> dict[str, str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):  # `m = importlib.import_module("perflab.mystery")`: m stands for it too
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and node.value.args and _literal(node.value.args[0])
+                and (_dotted(node.value.func, out) or "") in IMPORTERS):
+            out[node.targets[0].id] = node.value.args[0].value
     return out
 
 

@@ -12,6 +12,10 @@ memory tools are used directly), and answers in five names:
                       tool      which tool showed it (one of TOOLS)
                       evidence  str, what that tool showed (your numbers)
                       fix       str, what you changed
+                      saves     float, what fixing this bug alone saves of the planted pipeline's step
+                                time, as you measured it: 1 - t(fixed alone) / t(planted), e.g. 0.25
+                                (`saving(PIPELINE, copy_with_only_this_fix)` measures it as the grader
+                                does); about 0 for a bug that costs memory, not time
     FIXED_PIPELINE  the path of your fixed copy of the pipeline, written by a cell of this notebook
                     (only the notebook is submitted): it must train exactly as the planted one
     FIX_SPEEDUP     the fixed copy's speedup over the planted pipeline, as you measured it
@@ -22,7 +26,9 @@ memory tools are used directly), and answers in five names:
                     (autograd::engine::evaluate_function: <Node>) with the most total time, as <Node>}
 
 The grader scores the findings against what was planted for the id it grades (a finding at a line with
-no bug costs points), re-measures the fixed copy against the planted pipeline in its own process
+no bug costs points), and counts a finding's line and type only with its measured saving: it measures
+what each planted bug costs its own copy of the pipeline, and the saving must agree (within a factor of
+SAVING_FACTOR, and in the same order where two bugs' costs differ clearly). It re-measures the fixed copy against the planted pipeline in its own process
 (it must be faster and train the same way), and parses the trace file itself.
 """
 
@@ -49,6 +55,7 @@ PIPELINE_FILE = mystery.FILENAME
 TRACE_KEYS = ("step_ms", "data_share", "backward_share", "top_backward")
 PHASES = ("data", "forward", "backward", "optimizer")
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
+SAVING_FACTOR = 2.5  # how far a finding's measured saving may sit from the grader's (see perflab/labs/hidden/mystery.py)
 RUN_LABEL = "run "  # the pipeline labels its data phase "run <RUN_ID>": whose pipeline a trace shows
 # What the probes send up: a fixed pipeline and a trace's events are small, but bounded.
 MAX_SOURCE_CHARS = 256 * 1024
@@ -160,6 +167,11 @@ def diagnosis_problems(diagnosis: Any, n_lines: int) -> list[str]:
         for key in ("function", "evidence", "fix"):
             if not isinstance(finding.get(key), str) or not finding[key].strip():
                 problems.append(f"{where}: {key} should say something (a non-empty string)")
+        saves = finding.get("saves")
+        if (not isinstance(saves, (int, float)) or isinstance(saves, bool) or not math.isfinite(saves)
+                or not -1.0 <= saves < 1.0):
+            problems.append(f"{where}: saves should be the share of the planted step time that fixing this bug "
+                            f"alone saves, as you measured it (a number below 1, e.g. 0.25), got {saves!r}")
     return problems
 
 
@@ -351,7 +363,7 @@ PROBES = {
 
 __all__ = ["LineCost", "PIPELINE_FILE", "PROBES", "TRACE_KEYS", "check_diagnosis", "check_fixed",
            "check_trace_answers", "diagnosis_problems", "line_costs", "load_pipeline", "trace_answer_problems",
-           "load_trace", "trace_events", "trace_summary", "write_pipeline"]
+           "load_trace", "quick_speedup", "saving", "trace_events", "trace_summary", "write_pipeline"]
 
 
 
@@ -380,6 +392,23 @@ def quick_speedup(planted: str | os.PathLike[str], fixed: str | os.PathLike[str]
                     sides[i]()
                 best[i] = min(best[i], time.perf_counter() - start)
     return best[0] / best[1]
+
+
+def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 2, rounds: int = 3,
+           seed: int = 0) -> float:
+    """What `fixed` saves of the planted pipeline's step time: 1 - t(fixed) / t(planted), timed as
+    `quick_speedup` does, on the torch thread count the grader measures the planted bugs at
+    (`perflab.verify.protocol.VERIFY_THREADS`). Give it a copy with one fix to measure that bug alone."""
+    import torch
+
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(VERIFY_THREADS)
+    try:
+        return 1.0 - 1.0 / quick_speedup(planted, fixed, steps=steps, rounds=rounds, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def memory_growth(path: str | os.PathLike[str], steps: int = 12, seed: int = 0) -> tuple[list[float], Any]:

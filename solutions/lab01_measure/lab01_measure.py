@@ -994,9 +994,15 @@ print(verdict)
 #
 # * `DIAGNOSIS`: one dict per bug you found, with the `line` of `mystery_pipeline.py` where it is,
 #   its `function`, its `kind` (`"data"`, `"sync"`, `"compute"` or `"memory"`), the `tool` that showed
-#   it (one of `lab01_mystery.TOOLS`), the `evidence` (your numbers) and the `fix` — **8 points**, a
-#   share per bug for the line and for the type. A finding at a line with no bug costs as much as a right
-#   one earns: report what your measurements show, not every line you suspect.
+#   it (one of `lab01_mystery.TOOLS`), the `evidence` (your numbers), the `fix`, and `saves`: what
+#   fixing this bug **alone** saves of the planted step time, as you measured it (write a copy with only
+#   that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
+#   1 - t(copy) / t(planted)) — **8 points**, a share per bug for the line and for the type. The grader
+#   measures what each planted bug costs its own copy of your pipeline, and counts a finding only when
+#   your saving agrees with its measurement (within a factor of 2.5, and in the same order where two
+#   bugs' costs differ clearly): knowing where a bug is does not say what it costs. A finding at a line
+#   with no bug costs as much as a right one earns: report what your measurements show, not every line
+#   you suspect.
 # * `FIXED_PIPELINE`: your fixed copy, written **by a cell of this notebook** (only the notebook is
 #   submitted), and `FIX_SPEEDUP`, the speedup you measured — **6 points**. The grader re-measures your
 #   copy against the planted pipeline in its own process: it must be faster, and train exactly as the
@@ -1120,7 +1126,8 @@ del trainer
 # %% nbgrader={"grade": false, "grade_id": "mystery_investigation", "locked": false, "schema_version": 3, "solution": true, "task": false}
 FIXED_PIPELINE = "mystery_fixed.py"
 # DIAGNOSIS = [{"line": 57, "function": "JpegFolder.__getitem__", "kind": "data", "tool": "line_profiler",
-#               "evidence": "line 57 holds 40% of a step in 1536 hits", "fix": "what you changed"}, ...]
+#               "evidence": "line 57 holds 40% of a step in 1536 hits", "fix": "what you changed",
+#               "saves": lab01_mystery.saving(PIPELINE, "only_this_fix.py")}, ...]
 ### BEGIN SOLUTION
 import re as _re
 
@@ -1150,7 +1157,7 @@ def line_of(pattern):
     return next(i for i, text in enumerate(source_lines, 1) if _re.search(pattern, text))
 
 
-findings, edits = [], {}
+findings, edits, fixed_at = [], {}, []  # fixed_at[i]: the line of findings[i]'s edit
 for row in costs:  # costliest first
     if row.share < 0.03 or any(token in row.text for token in ESSENTIAL):
         continue
@@ -1162,6 +1169,7 @@ for row in costs:  # costliest first
     if where in edits:
         continue
     edits[where] = (span, replacement)
+    fixed_at.append(where)
     findings.append({"line": row.line, "function": row.function, "kind": kind, "tool": tool,
                      "evidence": f"line {row.line} takes {row.ms_per_step:.1f} ms a step ({row.share:.0%}) "
                                  f"in {row.hits_per_step:g} hits, and does no training work",
@@ -1175,6 +1183,7 @@ for i, text in enumerate(source_lines, 1):
                          "evidence": f"traceback.format_stack: {format_stack:.2f} s cumulative over the profile",
                          "fix": "anomaly mode off"})
         edits[i] = (1, 'with record_function("forward"):')
+        fixed_at.append(i)
 
 # Memory that grows with every step: the trainer keeps a list that grows by one per step.
 held = lab01_mystery.memory_growth(PIPELINE, steps=3)[1]
@@ -1188,19 +1197,32 @@ for name, value in vars(held).items():
                                              f"each, never freed); resident memory {rss[0]:.0f} -> {rss[-1]:.0f} MiB",
                                  "fix": "do not keep the batches"})
                 edits[i] = (1, None)
+                fixed_at.append(i)
 del held
 
-fixed_lines = list(source_lines)
-for line in sorted(edits, reverse=True):
-    span, replacement = edits[line]
-    indent = fixed_lines[line - 1][: len(fixed_lines[line - 1]) - len(fixed_lines[line - 1].lstrip())]
-    fixed_lines[line - 1: line - 1 + span] = [indent + replacement] if replacement else []
-pathlib.Path(FIXED_PIPELINE).write_text("\n".join(fixed_lines) + "\n", encoding="utf-8")
+
+def with_fixes(at_lines):
+    """The pipeline's text with the edits at `at_lines` made (bottom up, so line numbers hold)."""
+    lines = list(source_lines)
+    for line in sorted(at_lines, reverse=True):
+        span, replacement = edits[line]
+        indent = lines[line - 1][: len(lines[line - 1]) - len(lines[line - 1].lstrip())]
+        lines[line - 1: line - 1 + span] = [indent + replacement] if replacement else []
+    return "\n".join(lines) + "\n"
+
+
+pathlib.Path(FIXED_PIPELINE).write_text(with_fixes(edits), encoding="utf-8")
+# What each fix alone saves: a copy with only that edit, timed against the planted pipeline.
+for finding, at in zip(findings, fixed_at, strict=True):
+    only = pathlib.Path(f"mystery_only_line_{at}.py")
+    only.write_text(with_fixes([at]), encoding="utf-8")
+    finding["saves"] = round(lab01_mystery.saving(PIPELINE, only), 3)
+    finding["evidence"] += f"; fixing it alone saves {finding['saves']:.0%} of a step"
 DIAGNOSIS = findings
 ### END SOLUTION
 for finding in DIAGNOSIS:
-    print(f"line {finding['line']} ({finding['function']}): {finding['kind']}, by {finding['tool']}: "
-          f"{finding['evidence']} -> {finding['fix']}")
+    print(f"line {finding['line']} ({finding['function']}): {finding['kind']}, by {finding['tool']}, "
+          f"saves {finding['saves']:.0%}: {finding['evidence']} -> {finding['fix']}")
 
 # %% nbgrader={"grade": true, "grade_id": "mystery_diagnosis", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # Visible: the form of DIAGNOSIS. Hidden: your findings against what was planted for your id.

@@ -9,7 +9,10 @@ no bug, and each such finding costs what a right one earns.
 
 from __future__ import annotations
 
+import functools
 import math
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 from perflab import mystery
 from perflab.grading.judging import Context, Mark, Suspicious
 from perflab.grading.probing import decode_float
+from perflab.labs import lab01_mystery
 from perflab.labs.lab01_mystery import (
     BACKWARD_NODE,
     PHASES,
@@ -26,10 +30,23 @@ from perflab.labs.lab01_mystery import (
 )
 from perflab.mystery.catalogue import BY_KEY
 
-# A finding's worth: half for the location, half for the bottleneck type at that location. A finding
-# that points at no planted bug takes away what a located one earns, so listing every line earns nothing.
+# A finding's worth: half for the location, half for the bottleneck type at that location, and both
+# only with a measured saving that agrees with the grader's own measurement of that bug (what only a
+# measurement gives: reading the planted lines, or diffing one's pipeline with a classmate's, does not).
+# A finding that points at no planted bug takes away what a located one earns, so listing every line
+# earns nothing.
 LOCATION_WORTH = 0.5
 KIND_WORTH = 0.5
+# A finding's saving agrees with the grader's g when it lies in [g / SAVING_FACTOR - SAVING_SLACK,
+# g * SAVING_FACTOR + SAVING_SLACK]. The notebook re-runs on the grading machine, so an honest saving is
+# measured where the grader measures; on 2 cores here, 1 and 2 torch threads moved a bug's saving by up
+# to 1.5x (0.067 and 0.106 for alice's python_collate), and a memory bug's read -0.016 to 0.012.
+SAVING_FACTOR = lab01_mystery.SAVING_FACTOR
+SAVING_SLACK = 0.05
+# Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
+# the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
+# Rounds and steps of the grader's measurement (4 x 1 step per variant after a warm-up step, interleaved).
+SAVING_ROUNDS, SAVING_STEPS = 4, 1
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
 # On the verifier's one thread at the graded sizes each planted bug that costs time costs 1.07-1.78x
 # (python_collate least), and every pipeline holds at least two of them (only batch_history costs
@@ -56,6 +73,51 @@ def truth(ctx: Context) -> mystery.Mystery:
 # The diagnosis
 
 
+@functools.lru_cache(maxsize=64)
+def measured_savings(student: str, mode: str | None) -> dict[str, float]:
+    """What fixing each planted bug alone saves of `student`'s planted pipeline's step time, measured
+    here: the planted pipeline and, per bug, the pipeline without it, in interleaved rounds of a few
+    steps after a warm-up step, the fastest round of each (noise only adds time), at the verifier's
+    torch thread count. perflab's own code, run in the grader's process (the timing lock is held)."""
+    import torch
+
+    from perflab.verify.protocol import VERIFY_THREADS
+
+    case = mystery.for_student(student, mode)
+    keys = [p.key for p in case.planted]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(VERIFY_THREADS)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            steps = {None: case.module().make_step(0)}
+            for key in keys:
+                others = tuple(k for k in keys if k != key)
+                steps[key] = mystery.for_student(student, mode, bugs=others).module().make_step(0)
+            for step in steps.values():
+                step()
+            best = dict.fromkeys(steps, math.inf)
+            order = list(steps)
+            for r in range(SAVING_ROUNDS):
+                for key in order if r % 2 == 0 else order[::-1]:
+                    start = time.perf_counter()
+                    for _ in range(SAVING_STEPS):
+                        steps[key]()
+                    best[key] = min(best[key], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return {key: max(0.0, 1.0 - best[key] / best[None]) for key in keys}
+
+
+def saving_agrees(measured: float, truth: float) -> bool:
+    """A finding's measured saving against the grader's for the same bug (SAVING_FACTOR, SAVING_SLACK)."""
+    return truth / SAVING_FACTOR - SAVING_SLACK <= measured <= truth * SAVING_FACTOR + SAVING_SLACK
+
+
+def _clearly_apart(a: float, b: float) -> bool:
+    return max(a, b) > min(a, b) * SAVING_FACTOR + SAVING_SLACK
+
+
 @dataclass(frozen=True)
 class DiagnosisScore:
     fraction: float
@@ -63,14 +125,18 @@ class DiagnosisScore:
     typed: int
     stray: list[int]
     planted: int
+    unmeasured: list[str]  # planted bugs located whose saving disagrees with the grader's measurement
 
 
-def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mystery.Planted]) -> DiagnosisScore:
+def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mystery.Planted],
+                    savings: Mapping[str, float] | None = None) -> DiagnosisScore:
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
-    bug count once); the type counts where the location does. Findings at no planted line each take
-    LOCATION_WORTH + KIND_WORTH off."""
+    bug count once); the type counts where the location does. With `savings` (the grader's measurement,
+    bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
+    order against the other located bugs agrees where the grader's savings differ clearly. Findings at
+    no planted line each take LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
-    located = typed = 0
+    matched: list[tuple[mystery.Planted, Mapping[str, Any]]] = []
     stray: list[int] = []
     for finding in findings:
         line = finding.get("line")
@@ -80,12 +146,22 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
                 stray.append(line if isinstance(line, int) else -1)
             continue  # another line of a bug already found: neither credit nor cost
         unmatched.remove(hit)
-        located += 1
-        if finding.get("kind") in BY_KEY[hit.key].kinds:
-            typed += 1
+        matched.append((hit, finding))
+    unmeasured: list[str] = []
+    if savings is not None:
+        said = {p.key: float(f.get("saves", math.nan)) for p, f in matched}
+        for p, _ in matched:
+            truth, own = savings[p.key], said[p.key]
+            misordered = any(_clearly_apart(truth, savings[q.key]) and (truth > savings[q.key]) != (own > said[q.key])
+                             for q, _ in matched if q.key != p.key)
+            if not saving_agrees(own, truth) or misordered:
+                unmeasured.append(p.key)
+    counted = [(p, f) for p, f in matched if p.key not in unmeasured]
+    located = len(counted)
+    typed = sum(f.get("kind") in BY_KEY[p.key].kinds for p, f in counted)
     earned = located * LOCATION_WORTH + typed * KIND_WORTH - len(stray) * (LOCATION_WORTH + KIND_WORTH)
     fraction = max(0.0, earned / ((LOCATION_WORTH + KIND_WORTH) * len(planted)))
-    return DiagnosisScore(min(fraction, 1.0), located, typed, stray, len(planted))
+    return DiagnosisScore(min(fraction, 1.0), located + len(unmeasured), typed, stray, len(planted), unmeasured)
 
 
 def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
@@ -93,12 +169,24 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     findings = observed.get("findings") if isinstance(observed, dict) else None
     problems = diagnosis_problems(findings, len(case.source.splitlines()))
     assert not problems, problems[0]
-    score = score_diagnosis(findings, case.planted)
+    located = score_diagnosis(findings, case.planted)
+    savings = measured_savings(case.student, ctx.mode) if located.located else None
+    score = score_diagnosis(findings, case.planted, savings)
     if score.fraction >= 1.0:
         return None
     parts = [f"{score.located} of the {score.planted} planted bugs located"]
-    if score.located:
-        parts.append(f"the bottleneck type right for {score.typed} of them")
+    if score.unmeasured:
+        said = {p.key: f for f in findings for p in case.planted
+                if isinstance(f.get("line"), int) and f["line"] in p.accepted_lines}
+        parts.append(f"{len(score.unmeasured)} of them without a saving that agrees with the grader's measurement "
+                     "of this pipeline (" + "; ".join(
+                         f"your finding at line {said[k]['line']}: saves {said[k].get('saves')!r}, measured here "
+                         f"{savings[k]:.2f}" for k in score.unmeasured if k in said) + "), so neither its line nor its "
+                     "type counts: measure each fix alone (lab01_mystery.saving)")
+    counted = score.located - len(score.unmeasured)
+    if counted:
+        parts.append(f"the bottleneck type right for {score.typed} of "
+                     + ("them" if not score.unmeasured else f"the {counted} counted"))
     if score.stray:
         parts.append(f"{len(score.stray)} finding(s) at lines with no planted bug "
                      f"({', '.join(str(n) for n in score.stray[:6])}), each costing what a right one earns")
