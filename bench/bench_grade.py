@@ -94,7 +94,13 @@ def run_mode(mode: str, solutions: Path, lab: str, n: int, jobs: int, address: s
                            ray_address=address, solutions=solutions)
             wall = time.perf_counter() - started
         records = State.load(course).records.values()
-        ok = sum(r.outcome == "graded" and r.score == r.max_score for r in records)
+        ok = sum(r.outcome == "graded" and all(c.score is None or c.score == c.max_score for c in r.cells)
+                 for r in records)  # every autograded cell at full marks (written answers wait for a person)
+        for r in records:  # what kept a copy of the reference below full marks, in one line each
+            if not (r.outcome == "graded" and r.score == r.max_score):
+                short = "; ".join(f"{c.grade_id} {c.score}/{c.max_score}: {c.error}"[:240] for c in r.cells
+                                  if c.score is not None and c.score < c.max_score) or r.outcome
+                print(f"  {r.student}: {r.score}/{r.max_score}: {short}", file=sys.stderr)
     return Row(mode, 1 if mode == "serial" else jobs, n, wall, ok, once)
 
 

@@ -363,7 +363,7 @@ PROBES = {
 
 __all__ = ["LineCost", "PIPELINE_FILE", "PROBES", "TRACE_KEYS", "check_diagnosis", "check_fixed",
            "check_trace_answers", "diagnosis_problems", "line_costs", "load_pipeline", "trace_answer_problems",
-           "load_trace", "quick_speedup", "saving", "trace_events", "trace_summary", "write_pipeline"]
+           "load_trace", "quick_speedup", "saving", "savings", "trace_events", "trace_summary", "write_pipeline"]
 
 
 
@@ -394,11 +394,13 @@ def quick_speedup(planted: str | os.PathLike[str], fixed: str | os.PathLike[str]
     return best[0] / best[1]
 
 
-def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 2, rounds: int = 3,
-           seed: int = 0) -> float:
-    """What `fixed` saves of the planted pipeline's step time: 1 - t(fixed) / t(planted), timed as
-    `quick_speedup` does, on the torch thread count the grader measures the planted bugs at
-    (`perflab.verify.protocol.VERIFY_THREADS`). Give it a copy with one fix to measure that bug alone."""
+def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]], steps: int = 1, rounds: int = 4,
+            seed: int = 0) -> list[float]:
+    """What each copy in `fixed` saves of the planted pipeline's step time: 1 - t(copy) / t(planted),
+    the planted pipeline timed once beside all the copies (interleaved rounds of `steps`-step blocks
+    after a warm-up step each, the fastest block of each: noise only adds time), on the torch thread
+    count the grader measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`). Give it
+    one copy per fix, each with only that fix, to measure each bug alone."""
     import torch
 
     from perflab.verify.protocol import VERIFY_THREADS
@@ -406,9 +408,28 @@ def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps
     threads = torch.get_num_threads()
     torch.set_num_threads(VERIFY_THREADS)
     try:
-        return 1.0 - 1.0 / quick_speedup(planted, fixed, steps=steps, rounds=rounds, seed=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sides = [load_pipeline(path).make_step(seed) for path in (planted, *fixed)]
+            for step in sides:
+                step()
+            best = [math.inf] * len(sides)
+            order = list(range(len(sides)))
+            for r in range(rounds):
+                for i in order if r % 2 == 0 else order[::-1]:
+                    start = time.perf_counter()
+                    for _ in range(steps):
+                        sides[i]()
+                    best[i] = min(best[i], time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
+    return [1.0 - b / best[0] for b in best[1:]]
+
+
+def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 1, rounds: int = 4,
+           seed: int = 0) -> float:
+    """What one copy saves of the planted pipeline's step time (`savings` of one copy)."""
+    return savings(planted, [fixed], steps=steps, rounds=rounds, seed=seed)[0]
 
 
 def memory_growth(path: str | os.PathLike[str], steps: int = 12, seed: int = 0) -> tuple[list[float], Any]:

@@ -995,14 +995,14 @@ print(verdict)
 # * `DIAGNOSIS`: one dict per bug you found, with the `line` of `mystery_pipeline.py` where it is,
 #   its `function`, its `kind` (`"data"`, `"sync"`, `"compute"` or `"memory"`), the `tool` that showed
 #   it (one of `lab01_mystery.TOOLS`), the `evidence` (your numbers), the `fix`, and `saves`: what
-#   fixing this bug **alone** saves of the planted step time, as you measured it (write a copy with only
-#   that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
-#   1 - t(copy) / t(planted)) — **8 points**, a share per bug for the line and for the type. The grader
-#   measures what each planted bug costs its own copy of your pipeline, and counts a finding only when
-#   your saving agrees with its measurement (within a factor of 2.5, and in the same order where two
-#   bugs' costs differ clearly): knowing where a bug is does not say what it costs. A finding at a line
-#   with no bug costs as much as a right one earns: report what your measurements show, not every line
-#   you suspect.
+#   fixing this bug **alone** saves of the planted step time, as you measured it. Write a copy with
+#   only that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
+#   1 - t(copy) / t(planted), and `lab01_mystery.savings(PIPELINE, [copy, ...])` times several at once.
+#   **8 points**, a share per bug for the line and for the type. The grader measures what each planted
+#   bug costs its own copy of your pipeline, and counts a finding only when your saving agrees with its
+#   measurement (within a factor of 2.5, and in the same order where two bugs' costs differ clearly):
+#   knowing where a bug is does not say what it costs. A finding at a line with no bug costs as much as
+#   a right one earns: report what your measurements show, not every line you suspect.
 # * `FIXED_PIPELINE`: your fixed copy, written **by a cell of this notebook** (only the notebook is
 #   submitted), and `FIX_SPEEDUP`, the speedup you measured — **6 points**. The grader re-measures your
 #   copy against the planted pipeline in its own process: it must be faster, and train exactly as the
@@ -1212,12 +1212,14 @@ def with_fixes(at_lines):
 
 
 pathlib.Path(FIXED_PIPELINE).write_text(with_fixes(edits), encoding="utf-8")
-# What each fix alone saves: a copy with only that edit, timed against the planted pipeline.
-for finding, at in zip(findings, fixed_at, strict=True):
-    only = pathlib.Path(f"mystery_only_line_{at}.py")
-    only.write_text(with_fixes([at]), encoding="utf-8")
-    finding["saves"] = round(lab01_mystery.saving(PIPELINE, only), 3)
-    finding["evidence"] += f"; fixing it alone saves {finding['saves']:.0%} of a step"
+# What each fix alone saves: a copy with only that edit per finding, timed beside the planted pipeline.
+copies = []
+for at in fixed_at:
+    copies.append(pathlib.Path(f"mystery_only_line_{at}.py"))
+    copies[-1].write_text(with_fixes([at]), encoding="utf-8")
+for finding, saved in zip(findings, lab01_mystery.savings(PIPELINE, copies), strict=True):
+    finding["saves"] = round(saved, 3)
+    finding["evidence"] += f"; fixing it alone saves {saved:.0%} of a step"
 DIAGNOSIS = findings
 ### END SOLUTION
 for finding in DIAGNOSIS:
