@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab.report import figures
-from perflab.report.html import (
+from perflab.report.layout import (
     NOT_MEASURED,
     Report,
     badge,

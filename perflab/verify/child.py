@@ -259,7 +259,7 @@ def _events_exceeding_walls(*sides: Side) -> list[dict[str, str]]:
 def _decode_seconds() -> float:
     """Seconds this process has spent decoding training sets into device memory (`perflab.workload`,
     read only if a side imported it)."""
-    return float(getattr(sys.modules.get("perflab.workload"), "DECODE_SECONDS", [0.0])[0])
+    return float(getattr(sys.modules.get("perflab.device_data"), "DECODE_SECONDS", [0.0])[0])
 
 
 def _lead_in(side: Any) -> int:
