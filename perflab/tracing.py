@@ -29,7 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from perflab import env
-from perflab.phases import PHASES, PhaseTimer
+from perflab.phase_timer import PHASES, PhaseTimer
 
 log = logging.getLogger(__name__)
 
