@@ -15,7 +15,16 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from perflab.grading import checks, collect, feedback, pipeline, sandbox, state
+from perflab.grading import (
+    checks,
+    collect,
+    feedback,
+    feedback_pages,
+    pipeline,
+    sandbox,
+    state,
+    workfolders,
+)
 from perflab.grading import nbgrader_api as nbapi
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grading"
@@ -485,7 +494,7 @@ def test_the_inconclusive_policy_reaches_every_sandbox(monkeypatch):
 
 
 def test_work_folders_left_by_a_killed_grader_are_removed_by_the_next_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "sandbox_base", lambda: tmp_path)
+    monkeypatch.setattr(workfolders, "sandbox_base", lambda: tmp_path)
     abandoned = tmp_path / "lab00_fixture-dead"
     (abandoned / "notebook").mkdir(parents=True)
     (abandoned / "notebook" / "submission.ipynb").write_text("{}")
@@ -508,8 +517,8 @@ def test_a_killed_grader_leaves_no_work_folder_even_when_a_child_keeps_its_lock(
     program = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from perflab.grading import pipeline\n"
-        f"pipeline.sandbox_base = lambda: Path({str(tmp_path)!r})\n"
+        "from perflab.grading import pipeline, workfolders\n"
+        f"workfolders.sandbox_base = lambda: Path({str(tmp_path)!r})\n"
         "with pipeline.work_folder('lab00_fixture-') as work:\n"
         "    (work / 'submission.ipynb').write_text('{}')\n"
         "    child = os.fork()\n"
@@ -518,7 +527,7 @@ def test_a_killed_grader_leaves_no_work_folder_even_when_a_child_keeps_its_lock(
         "        os._exit(0)\n"
         "    print(work, child, flush=True)\n"
         "    time.sleep(120)\n")
-    monkeypatch.setattr(pipeline, "sandbox_base", lambda: tmp_path)
+    monkeypatch.setattr(workfolders, "sandbox_base", lambda: tmp_path)
     grader = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
     child = None
     try:
@@ -591,7 +600,7 @@ def test_an_unisolated_grade_is_recorded_and_shown(tmp_path, monkeypatch):
     summary = pipeline.Summary(graded=("lab00_fixture/a",), isolation="none")
     assert "UNISOLATED" in summary.line()
     assert "UNISOLATED" not in pipeline.Summary(graded=("lab00_fixture/a",), isolation="userns").line()
-    monkeypatch.setattr(pipeline, "submissions", lambda course, *a, **k: [])
+    monkeypatch.setattr(collect, "submissions", lambda course, *a, **k: [])
     st = state.State.load(tmp_path)
     cell = state.CellResult("test_mean", 2.0, 2.0, hardware_class="cpu-test")
     for student, kind in (("a", "none"), ("b", "root")):
@@ -615,7 +624,7 @@ def test_feedback_is_written_one_submission_at_a_time(tmp_path, monkeypatch, cap
     lab = "lab00_fixture"
     info = pipeline.LabInfo(lab, f"{lab}.ipynb", ({"grade_id": "test_mean", "max_score": 2.0, "hidden": False,
                                                   "manual": False},), {})
-    monkeypatch.setattr(pipeline, "lab_info", lambda course, name: info)
+    monkeypatch.setattr(feedback_pages, "lab_info", lambda course, name: info)
     st = state.State.load(tmp_path)
     for student in ("ann", "bob", "cid"):
         st.put(state.Record(student, lab, "x", "graded", (state.CellResult("test_mean", 2.0, 2.0),)))

@@ -1,4 +1,9 @@
-"""Collect submissions into the course folder: a folder of notebooks or an LMS zip download.
+"""Collect submissions into the course folder (a folder of notebooks or an LMS zip download), and list
+what is collected: grading's first stage.
+
+    collect(course, source)                  copy each matched notebook to submitted/<student>/<lab>/
+    submissions(course, labs, students)      every collected submission, as a `Job`
+    plan(course, state, ...)                 (to grade, already graded with the same content)
 
 Which student and lab a file belongs to is read from its path (a zip member's name, or the path
 below the folder given), in this order:
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from perflab.grading import nbgrader_api as nbapi
+from perflab.grading.result import Job
+from perflab.grading.state import State, sha256
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.@-]*$")
 # Folders LMS downloads and macOS zips add that never hold a submission.
@@ -190,3 +197,38 @@ def _keep_display_names(course: Path, collected: Sequence[Collected]) -> None:
         warnings.simplefilter("ignore")
         for c in named:
             gb.update_or_create_student(c.student, first_name=c.display)
+
+
+def lab_names(folder: Path) -> list[str]:
+    """Labs in a solutions or release folder: subfolders holding at least one notebook."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
+    return sorted(p.name for p in Path(folder).iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and any(p.glob("*.ipynb")))
+
+
+def submissions(course: Path, labs: Iterable[str] | None = None, students: Iterable[str] | None = None) -> list[Job]:
+    """Every collected submission (submitted/<student>/<lab>/<notebook>), filtered."""
+    course = Path(course)
+    labs = set(labs) if labs else None
+    students = set(students) if students else None
+    known = set(lab_names(course / "source"))
+    jobs = []
+    for folder in sorted((course / "submitted").glob("*/*")):
+        student, lab = folder.parent.name, folder.name
+        if (labs and lab not in labs) or (students and student not in students) or lab not in known:
+            continue
+        info_nb = next((course / "source" / lab).glob("*.ipynb")).name
+        path = folder / info_nb
+        if path.is_file():
+            jobs.append(Job(student, lab, path, sha256(path)))
+    return jobs
+
+
+def plan(course: Path, state: State, labs: Iterable[str] | None = None, students: Iterable[str] | None = None,
+         force: bool = False) -> tuple[list[Job], list[Job]]:
+    """(to grade, already graded) for the selection."""
+    todo, done = [], []
+    for job in submissions(course, labs, students):
+        (done if (state.done(job.lab, job.student, job.sha256) and not force) else todo).append(job)
+    return todo, done

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from perflab.grading import collect
 from perflab.grading.state import Record, State
 
 COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "speedup", "hardware_class",
@@ -107,13 +108,11 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
 def status(course: Path) -> dict[str, list[str]]:
     """Submissions by state: pending (collected, not graded in this version), graded, failed,
     inconclusive, flagged, unisolated (graded with --unisolated; the last three overlap graded)."""
-    from perflab.grading.pipeline import submissions
-
     course = Path(course).resolve()
     state = State.load(course)
     out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": [],
                                  "unisolated": []}
-    for job in submissions(course):
+    for job in collect.submissions(course):
         if not state.done(job.lab, job.student, job.sha256):
             out["pending"].append(f"{job.lab}/{job.student}")
     for rec in sorted(state.records.values(), key=lambda r: r.key):

@@ -16,6 +16,9 @@ anything. Re-measured speedups run here from the exported configuration (`ctx.ve
 bar this process loads: nothing in the student's kernel reaches them.
 
     check_here(lab, grade_id, globals())   # a solution notebook's hidden block: probe + judge in-process
+
+`Mark` and `Suspicious` live in `perflab.grading.marks` (which ships to students: the lab helpers
+make marks too) and are importable from here as before.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perflab.grading.marks import Mark, Suspicious
 from perflab.grading.probing import run_probes
 
 log = logging.getLogger(__name__)
@@ -38,25 +42,6 @@ LAB_MODULE = re.compile(r"^(lab\d\d)_")
 JUDGES_FILE = "judges.py"
 # Lines of feedback from one judge's message (a long assertion message stays readable).
 MESSAGE_MAX_CHARS = 600
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A judge's decision on one cell: the fraction of its points earned, and why."""
-
-    fraction: float
-    message: str = ""
-    verdict: dict[str, Any] | None = None  # a re-measured speedup's record (name, verdict, speedup, ci, ...)
-    flag: str | None = None  # why a person should look at this answer (evidence, never what scores it)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"fraction: must be within [0, 1], got {self.fraction}")
-
-
-class Suspicious(AssertionError):
-    """Raised by a judge for an answer that fails *and* that a person should look at (a trace no
-    profiler wrote, work skipped where the verifier could not see it): 0 points, and flagged."""
 
 
 @dataclass(frozen=True)

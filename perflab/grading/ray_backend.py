@@ -10,6 +10,9 @@ A task whose worker process dies is retried by Ray (`MAX_RETRIES`); a result tha
 had is recorded as a failed submission with the reason. The head merges a (student, lab, content)
 once: a retried task that somehow reports twice is ignored the second time.
 
+A task runs the same stages as the local pool (`submission.grade_one`); this module depends on the
+stages only, and `pipeline.grade` (the top of the stack) calls `run`.
+
 Resources per task: `num_cpus=Settings.limits.cpus or CPUS_PER_TASK`, and `num_gpus=1` when the
 run grades on GPUs (`Settings.gpus > 0`). Timed sections of tasks on the same node take the
 node's timing lock, so they never overlap.
@@ -55,7 +58,9 @@ def grade_task(job: dict[str, Any], submission: bytes, template_zip: bytes, info
                settings: Any, hide: list[str]) -> str:
     """Runs on a Ray worker: grade one submission in the sandbox; returns the result as JSON."""
     global _HARDWARE_CLASS
-    from perflab.grading import pipeline
+    from perflab.grading.result import Job, LabInfo
+    from perflab.grading.submission import grade_one
+    from perflab.grading.workfolders import node_timing_lock
 
     if _HARDWARE_CLASS is None:
         from perflab import env
@@ -69,11 +74,10 @@ def grade_task(job: dict[str, Any], submission: bytes, template_zip: bytes, info
         folder.mkdir()
         path = folder / info["notebook"]
         path.write_bytes(submission)
-        lab_info = pipeline.LabInfo(info["lab"], info["notebook"], tuple(info["cells"]), info["guarded"])
-        one = pipeline.Job(job["student"], job["lab"], path, job["sha256"])
-        lock = pipeline.node_timing_lock()
-        result = pipeline.grade_one(one, lab_info, tmpl, settings, hide=[Path(p) for p in hide],
-                                    timing_lock=lock)
+        lab_info = LabInfo(info["lab"], info["notebook"], tuple(info["cells"]), info["guarded"])
+        one = Job(job["student"], job["lab"], path, job["sha256"])
+        lock = node_timing_lock()
+        result = grade_one(one, lab_info, tmpl, settings, hide=[Path(p) for p in hide], timing_lock=lock)
     return result.replace(hardware_class=_HARDWARE_CLASS).to_json()
 
 
@@ -82,8 +86,7 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
     import ray
     from ray.exceptions import RayError
 
-    from perflab.grading.pipeline import failure_result
-    from perflab.grading.result import ResultError, SubmissionResult
+    from perflab.grading.result import ResultError, SubmissionResult, failure_result
 
     if not todo:
         return

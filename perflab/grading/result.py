@@ -1,9 +1,10 @@
-"""The grading result model: what crosses each process boundary between a student's notebook and
-the gradebook, typed, and validated where it is read.
+"""The grading records: what a grade starts from (`Job`, `LabInfo`) and what crosses each process
+boundary between a student's notebook and the gradebook, typed, and validated where it is read.
 
-    worker, in the sandbox ──WorkerReport (JSON on a pipe)──▶ pipeline.interpret
-        ──SubmissionResult──▶ the judges add one CellRow per graded cell
-        ──(Ray: SubmissionResult as JSON from a worker node)──▶ pipeline.merge
+    collect.submissions ──Job──▶ job.prepare_job (with the lab's LabInfo) ──▶ run.run_worker
+    worker, in the sandbox ──WorkerReport (JSON on a pipe)──▶ interpret.interpret
+        ──SubmissionResult──▶ score.score: the judges add one CellRow per graded cell
+        ──(Ray: SubmissionResult as JSON from a worker node)──▶ merge.merge
         ──state.Record──▶ gradebook, feedback, export
 
 Whatever another process sends is untrusted data: `WorkerReport.parse` and
@@ -18,6 +19,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perflab.grading.checks import Finding
@@ -26,6 +28,31 @@ WORKER_SCHEMA = "perflab.grading.result"
 WORKER_VERSION = 2
 SUBMISSION_SCHEMA = "perflab.grading.submission"
 SUBMISSION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Job:
+    """One submission to grade."""
+
+    student: str
+    lab: str
+    path: Path  # submitted/<student>/<lab>/<notebook>.ipynb
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    """What the parent knows of a lab from its source notebook (never sent to the sandbox)."""
+
+    lab: str
+    notebook: str  # file name, e.g. lab01_measure.ipynb
+    cells: tuple[dict[str, Any], ...]  # [{"grade_id", "max_score", "hidden", "manual"}] in notebook order
+    guarded: dict[str, list[str]]  # grade_id -> hidden-test lines (for the leak guard)
+    source_folder: Path | None = None  # <course>/source/<lab>/ (a course lab's judges.py lives there)
+
+    @property
+    def hidden(self) -> set[str]:
+        return set(self.guarded)
 
 
 class ResultError(ValueError):
@@ -209,3 +236,8 @@ class SubmissionResult:
                    wall_s=float(_need(doc, "wall_s", (int, float))), isolation=_need(doc, "isolation", str),
                    sandbox_notes=tuple(notes), seed=seed,
                    hardware_class=_need(doc, "hardware_class", str, optional=True))
+
+
+def failure_result(info: LabInfo, reason: str, **fields: Any) -> SubmissionResult:
+    """The result of a submission that produced none: every cell 0, with the reason."""
+    return SubmissionResult.failure(info.cells, reason, **fields)

@@ -3,7 +3,7 @@ what happened. It scores nothing.
 
     python -m perflab.grading.worker JOB_DIR
 
-JOB_DIR (written by the parent, see `pipeline.prepare_job`) holds `job.json` (lab, notebook name,
+JOB_DIR (written by the parent, see `job.prepare_job`) holds `job.json` (lab, notebook name,
 cell timeout, environment, the grader's seed) and `notebook/`: the submission with its locked cells
 already restored by the parent, beside the files the lab releases. No gradebook, no hidden test, no
 reference answer is here. The child executes the notebook with `SandboxExecute` (a dead kernel fails

@@ -286,7 +286,7 @@ def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
 def mark_of(verdict: Any, expectation: Any) -> Any:
     """The grader's mark for a re-measured speedup: full points when the instructor's policy accepts
     the outcome, with the verdict's record and reason."""
-    from perflab.grading.judging import Mark
+    from perflab.grading.marks import Mark
 
     record = verdict_record(verdict, expectation)
     earned = accepted(record["verdict"])
