@@ -14,7 +14,7 @@ from torch import nn
 
 from perflab.grading import judging
 from perflab.grading.probing import run_probes
-from perflab.labs import lab01, lab01_checks
+from perflab.labs import lab01, lab01_checks, lab01_probes
 from perflab.labs.hidden import lab01 as hidden01
 
 LAB = lab01.LAB
@@ -33,7 +33,7 @@ def test_results_and_trace_written(tiny_data) -> None:
     sections = results.load(common.results_path(LAB, run.folder))["sections"]
     assert {"counts", "memory_budget", "roofline", "top_ops", "phases", "bottleneck", "baseline"} <= set(sections)
     assert sections["counts"]["parameters"] > 11_000_000
-    lab01.check_trace(common.results_path(LAB, run.folder).with_suffix(".trace.json"), 2)
+    lab01_checks.check_trace(common.results_path(LAB, run.folder).with_suffix(".trace.json"), 2)
 
 
 def test_no_layer_is_shown_above_its_roof(tiny_data) -> None:
@@ -80,7 +80,7 @@ def solution() -> dict[str, Any]:
 
 
 def _mark(grade_id: str, namespace: dict[str, Any], seed: int = 11, judge_seed: int | None = None) -> judging.Mark:
-    observations = run_probes({grade_id: lab01.PROBES[grade_id]}, namespace, seed)
+    observations = run_probes({grade_id: lab01_probes.PROBES[grade_id]}, namespace, seed)
     ctx = judging.Context(LAB, seed if judge_seed is None else judge_seed, "tiny", observations)
     return judging.judge_cell(grade_id, hidden01.JUDGES[grade_id], ctx)
 
@@ -88,10 +88,10 @@ def _mark(grade_id: str, namespace: dict[str, Any], seed: int = 11, judge_seed: 
 def test_every_autograded_code_cell_has_a_probe_and_a_judge() -> None:
     cells = {H.nbgrader_meta(c)["grade_id"] for c in H.grade_cells(LAB)
              if c.cell_type == "code" and not H.nbgrader_meta(c).get("solution")}
-    assert set(lab01.PROBES) == set(hidden01.JUDGES) == cells
+    assert set(lab01_probes.PROBES) == set(hidden01.JUDGES) == cells
 
 
-@pytest.mark.parametrize("grade_id", sorted(set(lab01.PROBES) - HEAVY))
+@pytest.mark.parametrize("grade_id", sorted(set(lab01_probes.PROBES) - HEAVY))
 def test_reference_answers_pass_every_judge(solution: dict[str, Any], grade_id: str) -> None:
     for seed in (11, 12):
         mark = _mark(grade_id, solution, seed)
@@ -144,7 +144,7 @@ def test_forged_observations_earn_nothing(solution: dict[str, Any], grade_id: st
     assert _mark(grade_id, solution, seed=11, judge_seed=12).fraction == 0.0, "outputs for another seed"
 
 
-@pytest.mark.parametrize("grade_id", sorted(lab01.PROBES))
+@pytest.mark.parametrize("grade_id", sorted(lab01_probes.PROBES))
 def test_missing_answers_earn_nothing(grade_id: str) -> None:
     mark = _mark(grade_id, {})
     assert mark.fraction == 0.0 and "the notebook defines no" in mark.message
@@ -203,7 +203,7 @@ def test_conv_formula_ignoring_groups_and_dilation_fails(solution: dict[str, Any
 
 def test_leaky_preprocessing_fails_and_reset_frees_it() -> None:
     with pytest.raises(AssertionError, match="still kept"):
-        lab01.check_preprocess_fixed(lab01.preprocess_leaky, seed=3)
+        lab01_checks.check_preprocess_fixed(lab01.preprocess_leaky, seed=3)
     lab01.reset_leak()
     _fails("preprocess_fixed_check", {"preprocess_fixed": lab01.preprocess_leaky}, "still kept")
     lab01.reset_leak()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from perflab import workload
-from perflab.labs import lab02
+from perflab.labs import lab02, lab02_checks, lab02_measure
 from perflab.labs.hidden import lab02 as hidden02
 from perflab.labs.lab02 import DataWait
 
@@ -97,8 +97,8 @@ def test_good_loader_passes_every_check() -> None:
 
 
 def test_shuffle_with_the_loaders_generator_changes_order_with_persistent_workers() -> None:
-    assert lab02.loader_problems(shared_generator_loader, 23, 5, 2) == []  # every sample once: fine
-    problems = lab02.order_problems(shared_generator_loader, 24, 5, workers=(2,))
+    assert lab02_checks.loader_problems(shared_generator_loader, 23, 5, 2) == []  # every sample once: fine
+    problems = lab02_checks.order_problems(shared_generator_loader, 24, 5, workers=(2,))
     assert any("persistent_workers=True" in p and "another order" in p for p in problems), problems
 
 
@@ -107,7 +107,7 @@ def test_dropping_the_ragged_batch_fails() -> None:
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                            generator=torch.Generator().manual_seed(kw.get("seed", 0)))
 
-    problems = lab02.loader_problems(drop_last, 23, 5)
+    problems = lab02_checks.loader_problems(drop_last, 23, 5)
     assert problems and "3 missing" in problems[0]
     with pytest.raises(AssertionError, match="missing"):
         hidden02.check("test_make_loader_random", {"make_loader": drop_last}, seed=1)
@@ -120,8 +120,8 @@ def test_unshuffled_or_unseeded_loaders_fail() -> None:
     def unseeded(dataset, batch_size, num_workers=0, **kw):
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True)
 
-    assert any("dataset order" in p for p in lab02.order_problems(in_order, 20, 4, workers=()))
-    assert any("same seed gave different orders" in p for p in lab02.order_problems(unseeded, 20, 4, workers=()))
+    assert any("dataset order" in p for p in lab02_checks.order_problems(in_order, 20, 4, workers=()))
+    assert any("same seed gave different orders" in p for p in lab02_checks.order_problems(unseeded, 20, 4, workers=()))
 
 
 def test_worker_options_with_no_workers_must_not_raise() -> None:
@@ -130,7 +130,7 @@ def test_worker_options_with_no_workers_must_not_raise() -> None:
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                            persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
 
-    problems = lab02.loader_problems(passes_everything, 13, 4, 0, persistent_workers=True, prefetch_factor=4)
+    problems = lab02_checks.loader_problems(passes_everything, 13, 4, 0, persistent_workers=True, prefetch_factor=4)
     assert problems and "raised ValueError" in problems[0]
 
 
@@ -197,7 +197,7 @@ def test_best_may_change_loader_knobs_only(monkeypatch: pytest.MonkeyPatch) -> N
 def test_persistent_workers_consume_the_baselines_samples_across_epochs(tiny_data, monkeypatch) -> None:
     monkeypatch.setenv("PERFLAB_MODE", "tiny")
     best = lab02.baseline_config().replace(num_workers=2, persistent_workers=True, prefetch_factor=2)
-    lab02.check_best(best)  # two epochs' worth of batches, pixel for pixel
+    lab02_checks.check_best(best)  # two epochs' worth of batches, pixel for pixel
 
 
 def test_a_loader_feeding_other_samples_fails_the_gate(tiny_data, monkeypatch) -> None:
@@ -210,7 +210,7 @@ def test_a_loader_feeding_other_samples_fails_the_gate(tiny_data, monkeypatch) -
 
     monkeypatch.setattr(workload, "build_loader", reseeded)
     with pytest.raises(AssertionError, match="same samples"):
-        lab02.check_best(base.replace(num_workers=1))
+        lab02_checks.check_best(base.replace(num_workers=1))
 
 
 def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,5 +239,5 @@ def test_loader_configurations_are_compared_at_their_loaders_pace() -> None:
 
     base = lab02.baseline_config("tiny")
     best = base.replace(num_workers=2, persistent_workers=True)
-    assert lab02.loader_pace(base, best, 1) == {"block_size": pace.min_block_steps(4), "lead_in": (0, pace.lead_in(4))}
-    assert lab02.loader_pace(base, base, 2) == {"block_size": 2, "lead_in": (0, 0)}
+    assert lab02_measure.loader_pace(base, best, 1) == {"block_size": pace.min_block_steps(4), "lead_in": (0, pace.lead_in(4))}
+    assert lab02_measure.loader_pace(base, base, 2) == {"block_size": 2, "lead_in": (0, 0)}

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.labs import lab03, lab03_checks, lab03_figures
+from perflab.labs import lab03, lab03_census, lab03_checks, lab03_figures, lab03_probes
 from perflab.labs.hidden import lab03 as hidden03
 
 LAB = lab03.LAB
@@ -213,33 +213,33 @@ def test_good_step_passes_every_check() -> None:
 
 
 def test_ignoring_the_dtype_fails_the_low_precision_check() -> None:
-    assert lab03.parity_problems(no_autocast_step, 3, "bf16") == []  # right losses...
-    problems = lab03.low_precision_problems(no_autocast_step, 3, "bf16")
+    assert lab03_checks.parity_problems(no_autocast_step, 3, "bf16") == []  # right losses...
+    problems = lab03_checks.low_precision_problems(no_autocast_step, 3, "bf16")
     assert problems and "produced float32, not bfloat16" in problems[0]  # ...in the wrong precision
     with pytest.raises(AssertionError, match="torch.autocast"):
         hidden03.check("test_amp_step_hidden", {"amp_train_step": no_autocast_step}, seed=3)
 
 
 def test_converting_the_model_fails() -> None:
-    problems = lab03.parity_problems(converted_model_step, 4, "bf16")
+    problems = lab03_checks.parity_problems(converted_model_step, 4, "bf16")
     assert problems and ("keep the model in FP32" in problems[0] or "differs from FP32" in problems[0]), problems
 
 
 def test_scaler_misuse_fails() -> None:
-    found = lab03.scaler_problems(unscaled_update_step, 5)
+    found = lab03_checks.scaler_problems(unscaled_update_step, 5)
     assert any("still scaled" in p for p in found), found
     assert any("parameters changed" in p for p in found), found
     assert any("scale of 2**24" in p for p in found), found
-    assert any("call scaler.update()" in p for p in lab03.scaler_problems(no_update_step, 5))
-    assert any("scaled loss" in p for p in lab03.scaler_problems(scaled_loss_step, 5))
-    found = lab03.scaler_problems(step_then_update_step, 5)
+    assert any("call scaler.update()" in p for p in lab03_checks.scaler_problems(no_update_step, 5))
+    assert any("scaled loss" in p for p in lab03_checks.scaler_problems(scaled_loss_step, 5))
+    found = lab03_checks.scaler_problems(step_then_update_step, 5)
     assert found and all("No inf checks" not in p for p in found), found  # torch's words, explained
     assert any("instead of optimizer.step()" in p for p in found), found
 
 
 def test_forgetting_zero_grad_fails() -> None:
-    assert any("gradients" in p for p in lab03.low_precision_problems(no_zero_grad_step, 6, "fp32"))
-    assert lab03.parity_problems(no_zero_grad_step, 6, "fp32"), "accumulated gradients change the trajectory"
+    assert any("gradients" in p for p in lab03_checks.low_precision_problems(no_zero_grad_step, 6, "fp32"))
+    assert lab03_checks.parity_problems(no_zero_grad_step, 6, "fp32"), "accumulated gradients change the trajectory"
 
 
 def test_problems_are_reproducible_and_vary() -> None:
@@ -262,7 +262,7 @@ def test_good_census_passes_every_check() -> None:
 
 
 def test_census_that_leaves_hooks_or_eval_mode_fails() -> None:
-    found = lab03.census_problems(leaky_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
+    found = lab03_census.census_problems(leaky_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
     assert any("left in eval mode" in p for p in found), found
     assert any("hooks are still registered" in p for p in found), found
     with pytest.raises(AssertionError, match="left in eval mode|hooks are still registered"):
@@ -270,7 +270,7 @@ def test_census_that_leaves_hooks_or_eval_mode_fails() -> None:
 
 
 def test_census_of_containers_fails() -> None:
-    found = lab03.census_problems(every_module_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
+    found = lab03_census.census_problems(every_module_census, 8, "bf16", expected=hidden03.expected_census(8, "bf16"))
     assert found and "unexpected Sequential" in found[0], found
     with pytest.raises(AssertionError, match="unexpected Sequential"):
         hidden03.check("test_census_hidden", {"dtype_census": every_module_census}, seed=8)
@@ -281,29 +281,29 @@ def test_stored_census_is_the_reference_census() -> None:
     (regenerate with `python -m perflab.labs.hidden.lab03` when this fails after a torch upgrade)."""
     import json
 
-    stored = json.loads(lab03_checks.CENSUS_FILE.read_text(encoding="utf-8"))
+    stored = json.loads(lab03_census.CENSUS_FILE.read_text(encoding="utf-8"))
     assert stored["cases"] == hidden03.visible_census()["cases"]
     assert set(stored["cases"]) == {"seed=5 dtype=float32 device=cpu", "seed=5 dtype=bfloat16 device=cpu"}
 
 
 def test_visible_census_check_uses_the_stored_census() -> None:
     for dtype in (torch.float32, torch.bfloat16):  # what the notebook's visible cell runs
-        assert lab03.census_problems(good_census, 5, dtype) == []
-    found = lab03.census_problems(every_module_census, 5, "bf16")
+        assert lab03_census.census_problems(good_census, 5, dtype) == []
+    found = lab03_census.census_problems(every_module_census, 5, "bf16")
     assert found and "unexpected Sequential" in found[0], found
-    found = lab03.census_problems(good_census, 5, "bf16", expected={"Conv2d": {"bfloat16": 1}, "loss": {"float32": 1}})
+    found = lab03_census.census_problems(good_census, 5, "bf16", expected={"Conv2d": {"bfloat16": 1}, "loss": {"float32": 1}})
     assert found and "census differs" in found[0], found
     with pytest.raises(ValueError, match="seed=5 dtype=bfloat16 device=cpu.*expected="):
-        lab03.census_problems(good_census, 8, "bf16")
+        lab03_census.census_problems(good_census, 8, "bf16")
     with pytest.raises(ValueError, match="no stored census"):
-        lab03.census_problems(good_census, 5, "bf16", resnet=True)
+        lab03_census.census_problems(good_census, 5, "bf16", resnet=True)
 
 
 def test_stored_census_can_be_rewritten(tmp_path) -> None:
     path = hidden03.write_visible_census(tmp_path / "census.json")
     for seed, dtype in hidden03.VISIBLE_CENSUS_CASES:
-        case = lab03_checks.census_case(seed, dtype)
-        assert lab03_checks.stored_census(case, path) == lab03_checks.stored_census(case)
+        case = lab03_census.census_case(seed, dtype)
+        assert lab03_census.stored_census(case, path) == lab03_census.stored_census(case)
 
 
 def test_op_census_sees_autocast_choices() -> None:
@@ -339,7 +339,7 @@ def test_amp_config_may_change_precision_knobs_only(monkeypatch: pytest.MonkeyPa
 def test_config_gate_runs_the_workload(tiny_data, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERFLAB_MODE", "tiny")
     base = lab03.baseline_config()
-    lab03.check_config(base.replace(amp_dtype="bf16", channels_last=True))
+    lab03_checks.check_config(base.replace(amp_dtype="bf16", channels_last=True))
     problems = lab03_checks.config_parity_problems(base.replace(seed=1))
     assert problems and "other samples" in problems[0]
 
@@ -438,7 +438,7 @@ def test_the_amp_prediction_is_written_before_the_step_is_timed_and_graded_only_
               ("measure", "compare_precisions("), ("beside", 'globals().get("PREDICT_AMP")'))}
     assert where["predict"] < where["graded"] < where["measure"] <= where["beside"], where
     assert set(lab03.PREDICTIONS) == {"amp"}
-    probe, judge = lab03.PROBES["test_predict_amp"], hidden03.JUDGES["test_predict_amp"]
+    probe, judge = lab03_probes.PROBES["test_predict_amp"], hidden03.JUDGES["test_predict_amp"]
     why = "convolutions run in bf16 but the optimizer does not"
     for value in (0.5, 1.0, 3.0):  # far from any measurement is still a prediction
         judge(probe({"PREDICT_AMP": value, "WHY_AMP": why}, 0), None)

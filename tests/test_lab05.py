@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from perflab.labs import lab05
+from perflab.labs import lab05, lab05_checks
 from perflab.labs.hidden import lab05 as hidden05
 from perflab.labs.lab05 import BrokenBlock, CompileTiming
 
@@ -201,10 +201,10 @@ def test_fixed_block_checks() -> None:
 
 
 def test_compiled_gate_catches_gradients_that_the_original_did_not_have() -> None:
-    worst = lab05.check_compiled_matches_eager(FixedBlock, seed=4, backend="aot_eager")
+    worst = lab05_checks.check_compiled_matches_eager(FixedBlock, seed=4, backend="aot_eager")
     assert max(worst.values()) < 1e-4
     with pytest.raises(AssertionError, match="detach"):
-        lab05.check_compiled_matches_eager(GradientLeak, seed=4, backend="aot_eager")
+        lab05_checks.check_compiled_matches_eager(GradientLeak, seed=4, backend="aot_eager")
 
 
 def test_break_even_checks() -> None:

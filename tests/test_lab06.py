@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from perflab import env, results
-from perflab.labs import common, lab06, lab06_checks, lab06_measure, lab06_report
+from perflab.labs import (
+    common,
+    lab06,
+    lab06_checks,
+    lab06_measure,
+    lab06_memory,
+    lab06_probes,
+    lab06_report,
+)
 from perflab.labs.hidden import lab06 as hidden06
 from perflab.workload import TrainConfig
 
@@ -146,7 +154,7 @@ def test_visible_example_is_against_the_original_baseline() -> None:
     example = {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55], "+ bf16": [0.25, 0.3, 0.26, 0.25]}
     assert [round(r["speedup"], 12) for r in good_cumulative(example)] == [2.0, 4.0]
     assert [round(r["speedup"], 12) for r in chained_cumulative(example)] == [2.0, 2.0]
-    assert lab06.cumulative_problems(chained_cumulative, example)
+    assert lab06_checks.cumulative_problems(chained_cumulative, example)
 
 
 def test_stored_rows_are_the_reference_rows(tmp_path) -> None:
@@ -161,14 +169,14 @@ def test_stored_rows_are_the_reference_rows(tmp_path) -> None:
 
 def test_visible_check_uses_the_stored_rows() -> None:
     example = hidden06.VISIBLE_EXAMPLES[0]
-    assert lab06.cumulative_problems(good_cumulative, example) == []
-    assert lab06.cumulative_problems(median_cumulative, example)
+    assert lab06_checks.cumulative_problems(good_cumulative, example) == []
+    assert lab06_checks.cumulative_problems(median_cumulative, example)
     wrong = [dict(row, speedup=row["speedup"] * 1.01) for row in lab06_checks.stored_cumulative(example)]
-    assert "expected" in lab06.cumulative_problems(good_cumulative, example, wrong)[0]
+    assert "expected" in lab06_checks.cumulative_problems(good_cumulative, example, wrong)[0]
     with pytest.raises(ValueError, match="no stored rows"):
-        lab06.cumulative_problems(good_cumulative, {"baseline": [1.0, 1.1], "+ x": [0.5, 0.5]})
+        lab06_checks.cumulative_problems(good_cumulative, {"baseline": [1.0, 1.1], "+ x": [0.5, 0.5]})
     with pytest.raises(ValueError, match="no stored rows"):
-        lab06.cumulative_problems(good_cumulative, example, quantile=0.5)
+        lab06_checks.cumulative_problems(good_cumulative, example, quantile=0.5)
 
 
 def test_good_table_passes_and_linear_shares_fail() -> None:
@@ -258,7 +266,7 @@ def test_plan_follows_calibration_and_hardware() -> None:
 
 
 def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lab06_measure, "needs_checkpointing", lambda config, info=None: False)
+    monkeypatch.setattr(lab06_memory, "needs_checkpointing", lambda config, info=None: False)
     base = lab06.baseline_config("tiny")
     assert lab06.reference_final("tiny", _machine(), expectations=_bars({})) == base
     final = lab06.reference_final("tiny", _machine(bf16=True),
@@ -270,7 +278,7 @@ def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyP
 def test_on_a_gpu_lab_3s_answer_is_kept_where_bare_autocast_is_parity(monkeypatch: pytest.MonkeyPatch) -> None:
     """The H200 case: bf16 alone re-measured 1.06x (parity), bf16 with channels_last 1.88x (lab 3's answer,
     a gain). The reference plan keeps lab 3's answer as one change, judged by lab 3's own bar."""
-    monkeypatch.setattr(lab06_measure, "needs_checkpointing", lambda config, info=None: False)
+    monkeypatch.setattr(lab06_memory, "needs_checkpointing", lambda config, info=None: False)
     monkeypatch.setattr(env, "supports_autocast", lambda device, dtype: True)
     gpu = _machine("cuda", cores=16, gpu_bytes=140 * 2**30)
     bars = _bars({"amp_bf16": "parity", "lab03_amp": "gain", "compile": "gain", "num_workers": "gain",
@@ -298,7 +306,7 @@ def test_accuracy_tolerance_and_gate() -> None:
 
 def test_memory_lines_are_affine_and_checkpointing_flattens_them() -> None:
     config = TrainConfig(image_size=32)
-    rows = lab06_measure.memory_vs_batch(config, (2, 4, 8), num_classes=4)
+    rows = lab06_memory.memory_vs_batch(config, (2, 4, 8), num_classes=4)
     plain = [r["bytes"] for r in rows if not r["checkpointed"]]
     ckpt = [r["bytes"] for r in rows if r["checkpointed"]]
     assert plain == sorted(plain) and ckpt == sorted(ckpt)
@@ -306,10 +314,10 @@ def test_memory_lines_are_affine_and_checkpointing_flattens_them() -> None:
     per_image = (plain[2] - plain[1]) / 4
     assert math.isclose(plain[1] - plain[0], 2 * per_image, rel_tol=0.05)
     budget = plain[0] + 100 * per_image
-    assert 95 <= lab06_measure.largest_batch(rows, budget, False) <= 105
-    assert lab06_measure.largest_batch(rows, budget, True) > lab06_measure.largest_batch(rows, budget, False)
+    assert 95 <= lab06_memory.largest_batch(rows, budget, False) <= 105
+    assert lab06_memory.largest_batch(rows, budget, True) > lab06_memory.largest_batch(rows, budget, False)
     with pytest.raises(ValueError, match="batch_sizes"):
-        lab06_measure.training_memory(config, [1])
+        lab06_memory.training_memory(config, [1])
 
 
 def test_step_stat_derives_from_block_times() -> None:
@@ -511,7 +519,7 @@ def test_leave_one_out_drops_one_change_and_keeps_the_others(monkeypatch: pytest
 
 
 def test_the_cumulative_prediction_is_graded_on_being_there_only() -> None:
-    probe, judge = lab06.PROBES["test_predict_cumulative"], hidden06.JUDGES["test_predict_cumulative"]
+    probe, judge = lab06_probes.PROBES["test_predict_cumulative"], hidden06.JUDGES["test_predict_cumulative"]
     why = "the product of the kept screening speedups"
     judge(probe({"PREDICT_CUMULATIVE": 0.2, "WHY_CUMULATIVE": why}, 0), None)
     for answers in ({"WHY_CUMULATIVE": why}, {"PREDICT_CUMULATIVE": 1.2, "WHY_CUMULATIVE": "x"}):

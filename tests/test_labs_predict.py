@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from perflab.labs import lab02, lab04, lab05, predict
+from perflab.labs import lab02, lab02_probes, lab04, lab05, lab05_probes, predict
 from perflab.labs.hidden import lab02 as hidden02
 from perflab.labs.hidden import lab04 as hidden04
 from perflab.labs.hidden import lab05 as hidden05
@@ -56,11 +56,12 @@ def test_beside_prints_the_prediction_next_to_the_measurement() -> None:
     assert "no prediction written" in predict.beside("speedup", None, 1.0)
 
 
-@pytest.mark.parametrize(("contract", "hidden"), [(lab02, hidden02), (lab04, hidden04), (lab05, hidden05)])
-def test_each_prediction_has_a_probe_and_a_judge(contract, hidden) -> None:  # noqa: ANN001 - modules
+@pytest.mark.parametrize(("contract", "probes", "hidden"),
+                         [(lab02, lab02_probes, hidden02), (lab04, lab04, hidden04), (lab05, lab05_probes, hidden05)])
+def test_each_prediction_has_a_probe_and_a_judge(contract, probes, hidden) -> None:  # noqa: ANN001 - modules
     for key, (name, why) in contract.PREDICTIONS.items():
         grade_id = f"test_predict_{key}"
-        observed = contract.PROBES[grade_id]({name: 2.0, why: WHY}, 0)
+        observed = probes.PROBES[grade_id]({name: 2.0, why: WHY}, 0)
         hidden.JUDGES[grade_id](observed, None)
         with pytest.raises(AssertionError, match=name):
-            hidden.JUDGES[grade_id](contract.PROBES[grade_id]({why: WHY}, 0), None)
+            hidden.JUDGES[grade_id](probes.PROBES[grade_id]({why: WHY}, 0), None)

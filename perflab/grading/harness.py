@@ -8,9 +8,9 @@ writes. Nothing here is trusted by the grader: the student's code ran in this ke
 have changed anything in it. The grader only reads the observations as data and judges them
 itself (`perflab.grading.judging`).
 
-Where a lab's probes live (`probes_for`): the `PROBES` of its contract module `perflab.labs.labNN`
-(lab02_feed -> perflab.labs.lab02), or, for a course's own lab, `PROBES` in a `probes.py` beside
-the notebook.
+Where a lab's probes live (`probes_for`): the `PROBES` of `perflab.labs.labNN_probes`, else of its
+contract module `perflab.labs.labNN` (lab02_feed -> perflab.labs.lab02_probes), or, for a course's
+own lab, `PROBES` in a `probes.py` beside the notebook.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] |
     """The lab's probes, or None when the lab has none (perflab then refuses to grade it)."""
     match = LAB_MODULE.match(lab)
     if match:
-        try:
-            module = importlib.import_module(f"perflab.labs.{match.group(1)}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"perflab.labs.{match.group(1)}":
-                raise
-        else:
-            probes = getattr(module, "PROBES", None)
+        for name in (f"perflab.labs.{match.group(1)}_probes", f"perflab.labs.{match.group(1)}"):
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    raise
+                continue
+            probes = vars(module).get("PROBES")  # the module's own, not a moved name's lookup
             if probes is not None:
                 return dict(probes)
     path = Path(folder or Path.cwd()) / PROBES_FILE

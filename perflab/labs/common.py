@@ -19,7 +19,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -319,16 +319,3 @@ def report(verdict: Any, expectation: Any) -> dict[str, Any]:
                           reason=record["reason"])
 
 
-def moved_names(contract: str, *modules: str) -> Callable[[str], Any]:
-    """A module `__getattr__` for the lab contract `contract`: names that moved to `modules` (its checks
-    and helpers) stay reachable as `<contract>.<name>`, for a notebook released before the move that
-    calls them in cells the student owns."""
-    def __getattr__(name: str) -> Any:
-        if not name.startswith("_"):
-            for module in modules:
-                found = importlib.import_module(module)
-                if hasattr(found, name):
-                    return getattr(found, name)
-        raise AttributeError(f"module {contract!r} has no attribute {name!r}")
-
-    return __getattr__

@@ -1,12 +1,14 @@
 """Lab 1 — Measure first: the contract between the notebook, its tests and the grader.
 
 The student writes these functions in `labs/lab01_measure/lab01_measure.ipynb`. What is asked is
-stated once, here. The visible tests call the `check_*` functions below (`check_preprocess_fixed`,
-`check_trace`) with the student's function. The grader decides every autograded cell from what the
-probes at the bottom (`PROBES`) return: the student's raw outputs on inputs drawn from the grader's
-seed by the public case generators of `perflab.labs.lab01_checks` (which imports this module, so the
-checks and probes import it when they run); the judges and the reference answers they compare
-against live in the grader-only `perflab/labs/hidden/lab01.py`.
+stated once, here; the modules that check it import this one, never the reverse. The visible tests
+call the checks of `perflab.labs.lab01_checks` (`check_preprocess_fixed`, `check_trace`) with the
+student's function. The grader decides every autograded cell from what the probes of
+`perflab.labs.lab01_probes` (`PROBES`, answered here too: the grader looks for it here) return: the
+student's raw outputs on inputs drawn from the grader's seed by the public case generators of
+`lab01_checks`; the judges and the reference answers they compare against live in the grader-only
+`perflab/labs/hidden/lab01.py`. Names that moved out of this module are answered from their new home
+(`MOVED`), for a notebook released before.
 
 Timing
     time_callable(fn, warmup=3, repeats=20, clock=time.perf_counter, sync=None) -> dict
@@ -67,9 +69,10 @@ Bottleneck
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,8 +80,7 @@ import torch
 from torch import nn
 
 from perflab import diagnose
-from perflab.labs import lab01_mystery
-from perflab.labs.common import moved_names
+from perflab.labs import moved
 
 LAB = "lab01_measure"
 
@@ -99,10 +101,6 @@ HARDWARE_NOTES = {
            "timings, which is why the lab reports medians and spreads, not single runs.",
 }
 REQUIRED_LABELS = ("data", "forward", "backward", "optimizer")
-
-
-# ---------------------------------------------------------------------------------------------
-# Types the student's functions return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,197 +221,28 @@ def random_batch(seed: int = 0, n: int = 16, size: int = 64) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks the visible tests call with the student's functions. Their machinery and tolerances live in
-# perflab.labs.lab01_checks, which imports this module; so each check imports it when it runs. The
-# hidden tests' checks are the grader's (perflab/labs/hidden/lab01.py).
+# Names that moved out of this contract, and the module each lives in now: a notebook released before
+# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
+
+MOVED = moved.table([
+    ("perflab.labs.lab01_checks", (
+        "check_preprocess_fixed", "check_trace", "LEAK_GROWTH_PER_CALL", "LEAK_RSS_BYTES", "preprocess_batches",
+        "observe_preprocess", "preprocess_problems", "trace_names", "trace_problems", "VISIBLE_TIMER",
+        "TIMER_BAD_ARGS", "timer_cases", "observe_timer", "conv_spec", "build_conv", "build_linear",
+        "counting_cases", "model_flops_case", "build_flops_models", "memory_cases", "build_memory_model",
+        "visible_memory_net", "leak_case", "observe_leaks", "profile_active_steps", "observe_profile_training",
+        "conv_bytes_cases", "roofline_cases", "VISIBLE_ROOFLINE", "VISIBLE_BOTTLENECK", "bottleneck_cases",
+        "STAGE_GRID_STEP", "RIDGE_GRID", "GRID_PEAK_FLOPS", "stage_grid", "grid_phases", "lab_layers",
+        "observe_verdict_grid", "quiet_call")),
+    ("perflab.labs.lab01_probes", ("PROBES",)),
+])
 
 
-def check_preprocess_fixed(preprocess_fixed: Callable[[np.ndarray], torch.Tensor], seed: int = 0,
-                           calls: int = 30) -> None:
-    """Same output as `preprocess_leaky`; memory (tracemalloc and resident set) does not grow over calls."""
-    from perflab.labs.lab01_checks import observe_preprocess, preprocess_problems
-
-    problems = preprocess_problems(observe_preprocess(preprocess_fixed, seed, calls), seed, calls)
-    assert not problems, problems[0]
-
-
-def check_trace(trace_path: str | Path, active_steps: int) -> dict[str, int]:
-    """A Chrome trace holds `active_steps` profiler steps and the phase labels; returns label counts."""
-    from perflab.labs.lab01_checks import trace_names, trace_problems
-
-    names = trace_names(trace_path)
-    problems = trace_problems(names, active_steps)
-    assert not problems, problems[0]
-    return {label: names.get(label, 0) for label in PHASE_LABELS}
-
-
-# ---------------------------------------------------------------------------------------------
-# Probes: what the grader reads from the student's notebook, one per autograded cell (raw outputs
-# only, on the cases of perflab.labs.lab01_checks; `perflab/labs/hidden/lab01.py` judges them)
-
-
-def _probe_timer_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import VISIBLE_TIMER, observe_timer
-
-    return observe_timer(answers["time_callable"], VISIBLE_TIMER)
-
-
-def _probe_timer_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab01_checks import TIMER_BAD_ARGS, observe_timer, timer_cases
-
-    fn = answers["time_callable"]
-    cases = [observe_timer(fn, case) for case in timer_cases(seed)]
-    bad = [outcome(fn, lambda: None, **args) for args in TIMER_BAD_ARGS]
-    plain = outcome(fn, lambda: sum(range(100)), warmup=1, repeats=3)
-    return {"cases": cases, "bad": bad, "plain": plain}
-
-
-def _probe_counting_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab import workload
-    from perflab.labs.lab01_checks import quiet_call
-
-    stem = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    fc = nn.Linear(512, 1000)
-    resnet = workload.build_model(workload.TrainConfig(device="cpu"), num_classes=1000)
-    return {"conv_flops": quiet_call(answers["conv2d_flops"], stem, (1, 3, 224, 224)),
-            "conv_params": quiet_call(answers["conv2d_params"], stem),
-            "linear_flops": quiet_call(answers["linear_flops"], fc, (8, 512)),
-            "linear_params": quiet_call(answers["linear_params"], fc),
-            "model_flops": quiet_call(answers["model_forward_flops"], resnet, (1, 3, 224, 224))}
-
-
-def _probe_counting_layers(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import build_conv, build_linear, counting_cases, quiet_call
-
-    cases = counting_cases(seed)
-    conv_flops, linear_flops = answers["conv2d_flops"], answers["linear_flops"]
-    conv_params, linear_params = answers["conv2d_params"], answers["linear_params"]
-    return {"conv_flops": [quiet_call(conv_flops, *build_conv(s)) for s in cases["convs"]],
-            "linear_flops": [quiet_call(linear_flops, *build_linear(s)) for s in cases["linears"]],
-            "conv_params": [quiet_call(conv_params, build_conv(s)[0]) for s in cases["param_convs"]],
-            "linear_params": [quiet_call(linear_params, build_linear(s)[0]) for s in cases["param_linears"]]}
-
-
-def _probe_counting_model(answers: Any, seed: int) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import build_flops_models, model_flops_case, quiet_call
-
-    fn = answers["model_forward_flops"]
-    case = model_flops_case(seed)
-    return [quiet_call(fn, model, tuple(case["shape"])) for model in build_flops_models(case)]
-
-
-def _probe_memory_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import quiet_call, visible_memory_net
-
-    torch.manual_seed(0)
-    return quiet_call(answers["training_memory_budget"], visible_memory_net(), "adam", (2, 3, 4, 4))
-
-
-def _probe_memory_hidden(answers: Any, seed: int) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import build_memory_model, memory_cases, quiet_call
-
-    fn = answers["training_memory_budget"]
-    out = []
-    for case in memory_cases(seed):
-        model = build_memory_model(case)
-        torch.manual_seed(case["torch_seed"])
-        out.append(quiet_call(fn, model, case["optimizer"], tuple(case["shape"])))
-    return out
-
-
-def _probe_leak_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-
-    fn = answers["find_leak"]
-    got = outcome(fn, preprocess_leaky, lambda: random_batch(0, n=4, size=16), calls=20)
-    reset_leak()
-    return got
-
-
-def _probe_leak_hidden(answers: Any, seed: int) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import observe_leaks
-
-    return observe_leaks(answers["find_leak"], seed)
-
-
-def _probe_preprocess(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import observe_preprocess
-
-    return observe_preprocess(answers["preprocess_fixed"], seed)
-
-
-def _probe_trace_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import encode
-    from perflab.labs.lab01_checks import trace_names
-
-    return {"active": encode(answers["ACTIVE"]), "names": trace_names(answers["TRACE"])}
-
-
-def _probe_profile_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import observe_profile_training, profile_active_steps
-
-    return observe_profile_training(answers["profile_training"], lab_config(), profile_active_steps(seed))
-
-
-def _probe_roofline_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import VISIBLE_ROOFLINE, quiet_call
-
-    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
-    verdict = answers["roofline_verdict"]
-    return {"bytes": quiet_call(answers["conv2d_bytes"], conv, (1, 64, 56, 56)),
-            "verdicts": [quiet_call(verdict, *args) for args in VISIBLE_ROOFLINE]}
-
-
-def _probe_roofline_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import build_conv, conv_bytes_cases, quiet_call, roofline_cases
-
-    conv_bytes, verdict = answers["conv2d_bytes"], answers["roofline_verdict"]
-    return {"bytes": [quiet_call(conv_bytes, *build_conv(spec), size) for spec, size in conv_bytes_cases(seed)],
-            "verdicts": [quiet_call(verdict, *args) for args in roofline_cases(seed)]}
-
-
-def _probe_bottleneck_visible(answers: Any, seed: int) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import VISIBLE_BOTTLENECK, quiet_call
-
-    fn = answers["bottleneck_verdict"]
-    return [quiet_call(fn, *args) for args in VISIBLE_BOTTLENECK]
-
-
-def _probe_bottleneck_rule(answers: Any, seed: int) -> list[dict[str, Any]]:
-    from perflab.labs.lab01_checks import bottleneck_cases, quiet_call
-
-    fn = answers["bottleneck_verdict"]
-    return [quiet_call(fn, *args) for args in bottleneck_cases(seed)]
-
-
-def _probe_bottleneck_here(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab01_checks import lab_layers, observe_verdict_grid
-
-    return observe_verdict_grid(answers["bottleneck_verdict"], lab_layers(lab_config()))
-
-
-PROBES = {
-    "time_callable_visible": _probe_timer_visible,
-    "time_callable_hidden": _probe_timer_hidden,
-    "counting_visible": _probe_counting_visible,
-    "counting_hidden_layers": _probe_counting_layers,
-    "counting_hidden_model": _probe_counting_model,
-    "memory_budget_visible": _probe_memory_visible,
-    "memory_budget_hidden": _probe_memory_hidden,
-    "find_leak_visible": _probe_leak_visible,
-    "find_leak_hidden": _probe_leak_hidden,
-    "preprocess_fixed_check": _probe_preprocess,
-    "profile_training_visible": _probe_trace_visible,
-    "profile_training_hidden": _probe_profile_hidden,
-    "roofline_visible": _probe_roofline_visible,
-    "roofline_hidden": _probe_roofline_hidden,
-    "bottleneck_visible": _probe_bottleneck_visible,
-    "bottleneck_rule_hidden": _probe_bottleneck_rule,
-    "bottleneck_here": _probe_bottleneck_here,
-    **lab01_mystery.PROBES,
-}
-
-
-# Names that moved to the checks and helpers stay reachable as `lab01.<name>` (a notebook released before).
-__getattr__ = moved_names(__name__, "perflab.labs.lab01_checks")
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if moved.first_read(__name__, name):
+        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

@@ -1,12 +1,13 @@
-"""Lab 1's check machinery: what the visible checks, the grader's probes and its judges run.
+"""Lab 1's checks: what the visible tests, the grader's probes and its judges run.
 
-The preprocessing check (`observe_preprocess`, `preprocess_problems`, with its memory tolerances), the
-trace check (`trace_names`, `trace_problems`), and the grader's cases: public, so a probe (in the
-student's kernel) and a judge (in the grader) draw identical inputs from the same seed (`*_cases`,
-`VISIBLE_*`, the pstats and line_profiler fixtures, generated leaky functions, the verdict grid),
-with the `observe_*` functions that record what the student's function did. The contract module
-`perflab.labs.lab01` calls these from `check_preprocess_fixed`, `check_trace` and its `PROBES`; the
-grader-only `perflab/labs/hidden/lab01.py` judges with them.
+The visible checks the notebook's test cells call (`check_preprocess_fixed`, `check_trace`) and their
+machinery: the preprocessing check (`observe_preprocess`, `preprocess_problems`, with its memory
+tolerances), the trace check (`trace_names`, `trace_problems`), and the grader's cases: public, so a
+probe (in the student's kernel) and a judge (in the grader) draw identical inputs from the same seed
+(`*_cases`, `VISIBLE_*`, generated leaky functions, the verdict grid), with the `observe_*` functions
+that record what the student's function did. This module imports the contract `perflab.labs.lab01`,
+never the reverse; the probes (`perflab.labs.lab01_probes`) run these, and the grader-only
+`perflab/labs/hidden/lab01.py` judges with them.
 """
 
 from __future__ import annotations
@@ -154,6 +155,21 @@ def trace_problems(names: Any, active_steps: int) -> list[str]:
     if not any("conv" in n for n in names):
         return ["the trace holds no convolution ops: was the model run inside the profiler?"]
     return []
+
+
+def check_preprocess_fixed(preprocess_fixed: Callable[[np.ndarray], torch.Tensor], seed: int = 0,
+                           calls: int = 30) -> None:
+    """Same output as `preprocess_leaky`; memory (tracemalloc and resident set) does not grow over calls."""
+    problems = preprocess_problems(observe_preprocess(preprocess_fixed, seed, calls), seed, calls)
+    assert not problems, problems[0]
+
+
+def check_trace(trace_path: str | Path, active_steps: int) -> dict[str, int]:
+    """A Chrome trace holds `active_steps` profiler steps and the phase labels; returns label counts."""
+    names = trace_names(trace_path)
+    problems = trace_problems(names, active_steps)
+    assert not problems, problems[0]
+    return {label: names.get(label, 0) for label in PHASE_LABELS}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,35 +38,39 @@ The student writes three things in `solutions/lab03_amp` (the notebook); the tes
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline, the lab's names for precisions (`DTYPES`, `as_dtype`, `dtype_name`, `make_scaler`), what each
-kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`, `expectation_name`), the visible
-checks (`parity_problems`, `low_precision_problems`, `scaler_problems`, `census_problems`,
-`config_problems`, each returning the problems in words, and `check_config`), `verify_amp`, and
-`PROBES`, what the grader reads from a notebook.
+kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`, `expectation_name`), AMP_CONFIG's
+field rule (`config_problems`) and its re-measurement (`verify_amp`), and the problems the grader
+draws (`problems_for`, `devices`, the visible seeds).
 
-Elsewhere: the checks' machinery and tolerances in `perflab.labs.lab03_checks` (which imports this
-module, so the visible checks and probes import it when they run); what the notebook measures and
-draws in `perflab.labs.lab03_figures`; the judges and the reference census in the grader-only
-`perflab/labs/hidden/lab03.py`.
+Elsewhere, each importing this module and never imported by it: the visible checks of amp_train_step
+and AMP_CONFIG with their machinery and tolerances in `perflab.labs.lab03_checks` (`parity_problems`,
+`low_precision_problems`, `scaler_problems`, `check_config`), the census check in
+`perflab.labs.lab03_census` (`census_problems`); what the notebook measures and draws in
+`perflab.labs.lab03_figures`; `PROBES`, what the grader reads from a notebook, in
+`perflab.labs.lab03_probes` (answered here too: the grader looks for it here); the judges and the
+reference census in the grader-only `perflab/labs/hidden/lab03.py`. Names that moved out of this module
+are answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from perflab import env
-from perflab.labs import predict
+from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
     accepted,
     changed_fields_problems,
     inconclusive_policy,
-    moved_names,
     report,
     verify_against_bar,
 )
@@ -323,14 +327,6 @@ def config_problems(config: Any, mode: str | None = None) -> list[str]:
                                    purpose="not its precision")
 
 
-def check_config(config: Any, mode: str | None = None) -> None:
-    """AMP_CONFIG changes only the AMP knobs of the baseline, and trains like it (same samples, close losses)."""
-    from perflab.labs.lab03_checks import config_parity_problems
-
-    found = config_problems(config, mode) or config_parity_problems(config, mode)
-    assert not found, found[0]
-
-
 def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure `config` against the FP32 baseline in a fresh interpreter, held to this machine's bar.
 
@@ -345,58 +341,9 @@ def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None
 
 
 # ---------------------------------------------------------------------------------------------
-# The visible checks of amp_train_step and dtype_census: each returns the problems found, in words
-# (empty when all is well). Their machinery and tolerances live in perflab.labs.lab03_checks, which
-# imports this module; so each check imports it when it runs. The hidden checks are the grader's.
-
-
-def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                    steps: int | None = None) -> list[str]:
-    """Do `steps` (default `lab03_checks.PARITY_STEPS`) fixed-seed steps of `step` at `dtype` keep the losses
-    within tolerance of FP32, never NaN, and the parameters in FP32?"""
-    from perflab.labs.lab03_checks import PARITY_STEPS, observe_parity, parity_from
-
-    steps = PARITY_STEPS if steps is None else steps
-    return parity_from(observe_parity(step, seed, dtype, device=device, steps=steps), seed, dtype,
-                       device=device, steps=steps)
-
-
-def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> list[str]:
-    """Do the convolutions and linear layers really compute in `dtype`, with no gradient left behind?"""
-    from perflab.labs.lab03_checks import low_precision_from, observe_low_precision
-
-    return low_precision_from(observe_low_precision(step, seed, dtype, device=device), seed, dtype, device=device)
-
-
-def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str]:
-    """Is a GradScaler used right with fp16: scaled backward, unscaled update, skipped overflow, updated scale?"""
-    from perflab.labs.lab03_checks import observe_scaler, scaler_from
-
-    return scaler_from(observe_scaler(step, seed, device=device), seed, device=device)
-
-
-def census_problems(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                    resnet: bool = False, expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
-    """Does `census_fn` count every leaf module call and the loss by dtype, leaving the model as it was?
-
-    The model is the seed's small CNN, or ResNet-18 (`resnet=True`) on 32x32 images of the seed's batch
-    (`lab03_checks.census_inputs`). The census is compared with `expected`, by default the one stored
-    for this problem beside the checks (`lab03_checks.stored_census`; a ValueError names the stored
-    problems when it has none).
-    """
-    from perflab.labs.lab03_checks import census_case, census_from, observe_census, stored_census
-
-    if expected is None:
-        expected = stored_census(census_case(seed, as_dtype(dtype), device, resnet))
-    return census_from(observe_census(census_fn, seed, dtype, device=device, resnet=resnet), seed, dtype,
-                       device=device, resnet=resnet, expected=expected)
-
-
-# ---------------------------------------------------------------------------------------------
-# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
-# runs the student's functions on problems drawn from the grader's seed and returns what they did,
-# as data (`lab03_checks.observe_*`); the grader-only judges (perflab/labs/hidden/lab03.py) draw the
-# same problems, compute the FP32 references and the expected census, and decide (`*_from`).
+# The problems the grader draws: the probes (perflab.labs.lab03_probes) run the student's functions on
+# them in the notebook's kernel, and the grader-only judges (perflab/labs/hidden/lab03.py) draw the
+# same ones to compute the FP32 references and the expected census.
 
 STEP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 VISIBLE_STEP_SEED, VISIBLE_SCALER_SEED, VISIBLE_CENSUS_SEED = 7, 11, 5
@@ -414,75 +361,40 @@ def devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
-def _step_observations(step: StepFn, seed: int, device: str) -> dict[str, Any]:
-    from perflab.labs.lab03_checks import observe_low_precision, observe_parity
-
-    return {dtype_name(d): {"parity": observe_parity(step, seed, d, device=device),
-                            "low": observe_low_precision(step, seed, d, device=device)} for d in STEP_DTYPES}
-
-
-def _probe_step_visible(answers: Any, seed: int) -> dict[str, Any]:
-    return _step_observations(answers["amp_train_step"], VISIBLE_STEP_SEED, "cpu")
-
-
-def _probe_step_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    step = answers["amp_train_step"]
-    return {device: [_step_observations(step, s, device) for s in problems_for(seed, HIDDEN_STEP_PROBLEMS)]
-            for device in devices()}
-
-
-def _probe_scaler(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab03_checks import observe_scaler
-
-    step = answers["amp_train_step"]
-    return {"visible": observe_scaler(step, VISIBLE_SCALER_SEED),
-            "hidden": {device: [observe_scaler(step, s, device=device)
-                                for s in problems_for(seed, HIDDEN_SCALER_PROBLEMS)] for device in devices()}}
-
-
-def _probe_census_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab03_checks import observe_census
-
-    fn = answers["dtype_census"]
-    return {dtype_name(d): observe_census(fn, VISIBLE_CENSUS_SEED, d) for d in (torch.float32, torch.bfloat16)}
-
-
-def _probe_census_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab03_checks import observe_census
-
-    fn = answers["dtype_census"]
-    out: dict[str, Any] = {}
-    for device in devices():
-        out[device] = {"small": [{dtype_name(d): observe_census(fn, s, d, device=device) for d in STEP_DTYPES}
-                                 for s in problems_for(seed, HIDDEN_CENSUS_PROBLEMS)],
-                       "resnet": {dtype_name(d): observe_census(fn, seed, d, device=device, resnet=True)
-                                  for d in LOW_PRECISION}}
-    return out
-
-
-def _probe_config(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import encode
-
-    config = answers["AMP_CONFIG"]
-    return {"type": type(config).__name__, "config": config.to_dict() if isinstance(config, TrainConfig) else None,
-            "claim": encode(answers.get("CLAIM"))}
-
-
 # The prediction written before the headline measurement, by the key of its graded cell
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
 PREDICTIONS = {"amp": ("PREDICT_AMP", "WHY_AMP")}
 
-PROBES = {
-    "test_amp_step_visible": _probe_step_visible,
-    "test_amp_step_hidden": _probe_step_hidden,
-    "test_amp_step_scaler": _probe_scaler,
-    "test_census_visible": _probe_census_visible,
-    "test_census_hidden": _probe_census_hidden,
-    "test_amp_config": _probe_config,
-    "test_amp_verified": _probe_config,
-    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
-}
+
+# ---------------------------------------------------------------------------------------------
+# Names that moved out of this contract, and the module each lives in now: a notebook released before
+# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
+
+MOVED = moved.table([
+    ("perflab.labs.lab03_checks", (
+        "parity_problems", "low_precision_problems", "scaler_problems", "check_config", "config_parity_problems",
+        "FIRST_STEP_RTOL", "TRAJECTORY_RTOL", "RESNET_FIRST_STEP_RTOL", "RESNET_TRAJECTORY_RTOL",
+        "CONFIG_GATE_STEPS", "LOSS_ATOL", "PARITY_STEPS", "SAFE_SCALE", "OVERFLOW_SCALE", "UPDATE_RTOL",
+        "NAN_STEPS", "NAN_INIT_SCALE", "CHECK_LR", "CHECK_MOMENTUM", "CHECK_THREADS", "Problem", "fp32_step",
+        "observe_parity", "parity_from", "observe_low_precision", "low_precision_from", "observe_scaler",
+        "scaler_from", "loss_float", "one_thread")),
+    ("perflab.labs.lab03_census", (
+        "census_problems", "CENSUS_FILE", "census_case", "census_inputs", "stored_census", "observe_census",
+        "census_from")),
+    ("perflab.labs.lab03_figures", (
+        "CENSUS_SKIP_OPS", "loss_curves", "curve_summary", "op_census", "census_rows", "census_table",
+        "plot_census", "plot_loss_curves", "compare_precisions", "speedup_rows", "plot_speedups",
+        "matmul_shapes")),
+    ("perflab.verify.tolerance", ("LOSS_TOLERANCE", "LOSS_TRAJECTORY_RTOL")),
+    ("perflab.labs.lab03_probes", ("PROBES",)),
+])
 
 
-# Names that moved to the checks and helpers stay reachable as `lab03.<name>` (a notebook released before).
-__getattr__ = moved_names(__name__, "perflab.labs.lab03_figures", "perflab.labs.lab03_checks")
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if moved.first_read(__name__, name):
+        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

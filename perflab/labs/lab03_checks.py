@@ -1,29 +1,37 @@
-"""Lab 3's check machinery: what the visible checks, the grader's probes and its judges run.
+"""Lab 3's checks of amp_train_step and AMP_CONFIG: what the visible tests, the probes and the judges run.
 
 Small random CNN problems drawn from a seed (`Problem`), the FP32 reference step, and for each thing
-the student writes an `observe_*` (run the student's function, return what it did as data) and a
-`*_from` (what is wrong with that data, in words). The contract module `perflab.labs.lab03` calls
-these from its visible checks (`parity_problems`, `census_problems`, ...) and its `PROBES`; the
-grader-only `perflab/labs/hidden/lab03.py` judges with the `*_from` functions. The tolerances below
-are the ones these checks hold a student's step to.
+the student's step must do an `observe_*` (run the student's function, return what it did as data) and
+a `*_from` (what is wrong with that data, in words), with the visible checks the notebook's test cells
+call (`parity_problems`, `low_precision_problems`, `scaler_problems`, `check_config`). The census
+check is `perflab.labs.lab03_census`'s. This module imports the contract `perflab.labs.lab03`, never
+the reverse; the probes (`perflab.labs.lab03_probes`) run the `observe_*` functions and the grader-only
+`perflab/labs/hidden/lab03.py` judges with the `*_from` ones. The tolerances below are the ones these
+checks hold a student's step to.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from perflab.labs.lab03 import DTYPES, StepFn, as_dtype, baseline_config, dtype_name, make_scaler
+from perflab.labs.lab03 import (
+    DTYPES,
+    StepFn,
+    as_dtype,
+    baseline_config,
+    config_problems,
+    dtype_name,
+    make_scaler,
+)
 from perflab.verify.tolerance import LOSS_TOLERANCE, LOSS_TRAJECTORY_RTOL
 from perflab.workload import TrainConfig
 
@@ -66,9 +74,6 @@ CHECK_LR = 0.05
 CHECK_MOMENTUM = 0.9
 # torch threads the checks run on (see one_thread).
 CHECK_THREADS = 1
-# The expected censuses of the visible census check (small CNNs only), keyed by `census_case`:
-# written by the grader-only perflab/labs/hidden/lab03.py (`write_visible_census`) from its reference.
-CENSUS_FILE = Path(__file__).with_name("lab03_census.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,119 +433,6 @@ def scaler_from(observed: Any, seed: int, *, device: str = "cpu") -> list[str]:
     return problems
 
 
-def _plain(census: Any) -> dict[str, dict[str, int]]:
-    if not isinstance(census, Mapping):
-        raise TypeError(f"dtype_census returned {type(census).__name__}; return a dict of dicts")
-    out = {}
-    for name, inner in census.items():
-        if not isinstance(inner, Mapping):
-            raise TypeError(f"dtype_census()[{name!r}] is {type(inner).__name__}; expected a dict of dtype name -> count")
-        out[str(name)] = {str(k): int(v) for k, v in inner.items() if int(v)}
-    return out
-
-
-def census_case(seed: int, dtype: str | torch.dtype, device: str = "cpu", resnet: bool = False) -> str:
-    """The key of one census problem in CENSUS_FILE, e.g. "seed=5 dtype=bfloat16 device=cpu"."""
-    model = "resnet18 " if resnet else ""
-    return f"{model}seed={seed} dtype={dtype_name(as_dtype(dtype))} device={device}"
-
-
-def census_inputs(seed: int, device: str = "cpu", resnet: bool = False
-                  ) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    """(model, images, labels, description) of one census problem: the seed's small CNN and its first
-    batch, or ResNet-18 (`resnet=True`) on that batch resized to 32x32. The model is in train mode."""
-    problem = Problem.draw(seed, device)
-    images, labels = problem.batch(0)
-    if not resnet:
-        return problem.model(), images, labels, problem.describe()
-    import torchvision
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = torchvision.models.resnet18(weights=None, num_classes=problem.classes).to(device)
-    images = nn.functional.interpolate(images, size=(32, 32))
-    return model.train(), images, labels, f"ResNet-18 on {problem.batch_size} images of 32x32"
-
-
-def stored_census(case: str, path: str | Path | None = None) -> dict[str, dict[str, int]]:
-    """The expected census of `case` (a `census_case` key) stored in CENSUS_FILE (or `path`)."""
-    path = Path(path) if path is not None else CENSUS_FILE
-    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    if case not in cases:
-        raise ValueError(f"no stored census for {case!r}; {path.name} holds {', '.join(map(repr, sorted(cases)))}. "
-                         "Other problems need their expected census passed as expected= (the hidden checks "
-                         "pass their own)")
-    return {str(name): {str(d): int(n) for d, n in inner.items()} for name, inner in cases[case].items()}
-
-
-@one_thread
-def observe_census(census_fn: Callable[..., Any], seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
-                   resnet: bool = False) -> dict[str, Any]:
-    """`census_fn` on one census problem (`census_inputs`), as data: the census it returned, and the state
-    it left the model in (mode, hooks, changed weights and buffers, gradients)."""
-    dtype = as_dtype(dtype)
-    model, images, labels, _ = census_inputs(seed, device, resnet)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.train()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            got = _plain(census_fn(model, images, labels, dtype=dtype))
-        except Exception as exc:
-            return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    return {"census": got, "training": model.training,
-            "hooks_left": [name or "the model" for name, m in model.named_modules()
-                           if m._forward_hooks or m._forward_pre_hooks],
-            "changed": [k for k, v in model.state_dict().items() if not torch.equal(v, state[k])],
-            "grads": any(p.grad is not None for p in model.parameters())}
-
-
-def census_from(observed: Any, seed: int, dtype: str | torch.dtype, *, device: str = "cpu", resnet: bool = False,
-                expected: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
-    """What is wrong with `observe_census`'s data against the `expected` census (default: the stored one)."""
-    dtype = as_dtype(dtype)
-    if expected is None:
-        expected = stored_census(census_case(seed, dtype, device, resnet))
-    expected = {str(name): {str(d): int(n) for d, n in inner.items() if int(n)} for name, inner in expected.items()}
-    problem = Problem.draw(seed, device)
-    where = (f"ResNet-18 on {problem.batch_size} images of 32x32" if resnet else problem.describe())
-    where = f"{where}, dtype {dtype_name(dtype)}"
-    if not isinstance(observed, Mapping) or "census" not in observed:
-        raised = observed.get("raised", "no result") if isinstance(observed, Mapping) else "no result"
-        message = observed.get("message", "") if isinstance(observed, Mapping) else ""
-        return [f"{where}: dtype_census raised {raised}: {message}" if raised != "TypeError" else f"{where}: {message}"]
-    try:
-        got = _plain(observed["census"])
-    except (TypeError, ValueError) as exc:
-        return [f"{where}: {exc}"]
-    problems = []
-    if got != expected:
-        missing = sorted(set(expected) - set(got))
-        extra = sorted(set(got) - set(expected))
-        wrong = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing)}")
-        if extra:
-            parts.append(f"unexpected {', '.join(extra)}")
-        for k in wrong[:3]:
-            parts.append(f"{k}: {got[k]} instead of {expected[k]}")
-        problems.append(f"{where}: census differs ({'; '.join(parts)})")
-    if observed.get("training") is not True:
-        problems.append(f"{where}: the model was in train mode and is left in eval mode; restore its mode")
-    leftover = observed.get("hooks_left")
-    if not isinstance(leftover, list) or leftover:
-        problems.append(f"{where}: hooks are still registered on {', '.join(map(str, (leftover or ['?'])[:3]))}; "
-                        "remove every handle (handle.remove()) in a finally block")
-    changed = observed.get("changed")
-    if not isinstance(changed, list) or changed:
-        problems.append(f"{where}: the census changed {', '.join(map(str, (changed or ['?'])[:3]))}; run the pass in "
-                        "eval mode under torch.no_grad()")
-    if observed.get("grads") is not False:
-        problems.append(f"{where}: the census left gradients; run it under torch.no_grad()")
-    return problems
-
-
 # ---------------------------------------------------------------------------------------------
 # AMP_CONFIG's correctness gate (its field rule, `config_problems`, is in the contract)
 
@@ -562,3 +454,33 @@ def config_parity_problems(config: TrainConfig, mode: str | None = None, steps: 
             return [f"AMP_CONFIG: step {k + 1} loss {b.losses[k]:.5g} against the baseline's {a.losses[k]:.5g}, "
                     f"more than {dtype_name(dtype)} rounding explains"]
     return []
+
+
+def check_config(config: Any, mode: str | None = None) -> None:
+    """AMP_CONFIG changes only the AMP knobs of the baseline, and trains like it (same samples, close losses)."""
+    found = config_problems(config, mode) or config_parity_problems(config, mode)
+    assert not found, found[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The visible checks of amp_train_step: each returns the problems found, in words (empty when all is
+# well). The hidden checks are the grader's.
+
+
+def parity_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
+                    steps: int | None = None) -> list[str]:
+    """Do `steps` (default PARITY_STEPS) fixed-seed steps of `step` at `dtype` keep the losses within
+    tolerance of FP32, never NaN, and the parameters in FP32?"""
+    steps = PARITY_STEPS if steps is None else steps
+    return parity_from(observe_parity(step, seed, dtype, device=device, steps=steps), seed, dtype,
+                       device=device, steps=steps)
+
+
+def low_precision_problems(step: StepFn, seed: int, dtype: str | torch.dtype, *, device: str = "cpu") -> list[str]:
+    """Do the convolutions and linear layers really compute in `dtype`, with no gradient left behind?"""
+    return low_precision_from(observe_low_precision(step, seed, dtype, device=device), seed, dtype, device=device)
+
+
+def scaler_problems(step: StepFn, seed: int, *, device: str = "cpu") -> list[str]:
+    """Is a GradScaler used right with fp16: scaled backward, unscaled update, skipped overflow, updated scale?"""
+    return scaler_from(observe_scaler(step, seed, device=device), seed, device=device)

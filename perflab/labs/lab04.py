@@ -72,19 +72,23 @@ re-measurement (`export_candidate`, `candidate_source`, `checkpointed_step`, `ve
 `with_saving_checked`, `reference_activation_bytes`: the verify child and the grader import them
 from here), and `PROBES`, what the grader reads from a notebook.
 
-Elsewhere: the memory model and the notebook's measurements in `perflab.labs.lab04_measure`; the
-observation programs, cases and traces in `perflab.labs.lab04_checks` (both import this module); the
-judges, references and tolerances in the grader-only `perflab/labs/hidden/lab04.py`.
+Elsewhere, each importing this module and never imported by it: the memory model and the notebook's
+measurements in `perflab.labs.lab04_measure`; the observation programs, cases and traces in
+`perflab.labs.lab04_checks`; the judges, references and tolerances in the grader-only
+`perflab/labs/hidden/lab04.py`. Names that moved out of this module are answered from their new home
+(`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import linecache
 import math
 import textwrap
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +98,7 @@ import torch
 from torch import nn
 
 from perflab import env, memory, workload
-from perflab.labs import predict
-from perflab.labs.common import moved_names
+from perflab.labs import moved, predict
 from perflab.workload import TrainConfig
 
 LAB = "lab04_memory"
@@ -446,5 +449,30 @@ PROBES = {
 }
 
 
-# Names that moved to the checks and helpers stay reachable as `lab04.<name>` (a notebook released before).
-__getattr__ = moved_names(__name__, "perflab.labs.lab04_measure", "perflab.labs.lab04_checks")
+# ---------------------------------------------------------------------------------------------
+# Names that moved out of this contract, and the module each lives in now: a notebook released before
+# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
+
+MOVED = moved.table([
+    ("perflab.labs.lab04_measure", (
+        "quiet", "cross_entropy_on", "MemoryModel", "memory_model", "fit_line", "full_batch_grads",
+        "batchnorm_gap")),
+    ("perflab.labs.lab04_checks", (
+        "NUM_PROJECTIONS", "StagedNet", "STAGED_NET_STAGES", "warm_bn", "CheckpointCase", "visible_checkpoint_case",
+        "checkpoint_cases", "projections", "bn_state", "train_step_of", "trace_checkpoint", "raised",
+        "observe_checkpoint", "memory_function", "resnet_memory", "visible_largest_batch_cases",
+        "largest_batch_cases", "model_budget_cases", "LARGEST_BATCH_BAD", "observe_largest_batch",
+        "visible_accumulate_case", "accumulate_cases", "accumulate_setup", "ACCUMULATE_BAD",
+        "observe_accumulate", "OBSERVERS", "OBSERVATION_THREADS", "observation_threads", "observation_program")),
+])
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if moved.first_read(__name__, name):
+        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)
+

@@ -53,18 +53,22 @@ This module holds what the notebook, its tests and the grader share: the models 
 `BrokenBlock`, `SmallNet`, `IndexedFeatures`), the sizes of each mode, the verifier's reference workload
 `small_step`, `CompileTiming`, the visible cells' fixtures (`FakeClock`, `ScriptedBuild`, and from
 `perflab.labs.lab05_dynamo`, re-exported: `CountingBackend`, `quiet`, `quiet_compile_logs`,
-`recompile_reasons`), the visible gate `check_compiled_matches_eager`, `verify_choice`, and `PROBES`,
-what the grader reads from a notebook.
+`recompile_reasons`), and `verify_choice`.
 
-Elsewhere: the checks' inputs, observations and tolerances in `perflab.labs.lab05_checks` (which
-imports this module, so the gate and the probes import it when they run); the judges and reference
-answers in the grader-only `perflab/labs/hidden/lab05.py`.
+Elsewhere, each importing this module and never imported by it: the visible gate
+`check_compiled_matches_eager` with the checks' inputs, observations and tolerances in
+`perflab.labs.lab05_checks`; `PROBES`, what the grader reads from a notebook, in
+`perflab.labs.lab05_probes` (answered here too: the grader looks for it here); the judges and reference
+answers in the grader-only `perflab/labs/hidden/lab05.py`. Names that moved out of this module are
+answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +78,7 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.labs import predict
+from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -421,24 +425,6 @@ class ScriptedBuild:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compiled-against-eager gate a visible cell runs on FixedBlock (its machinery and tolerances:
-# perflab.labs.lab05_checks, which imports this module, hence the import when it runs)
-
-
-def check_compiled_matches_eager(fixed_cls: type[nn.Module], mode: str | None = "default", seed: int = 0,
-                                 draws: int = 3, backend: str = "inductor") -> dict[str, float]:
-    """`torch.compile(FixedBlock, mode=mode)` against eager BrokenBlock: outputs, input and parameter gradients.
-
-    One compile (random values, one shape per check) keeps it fast; both branches are drawn.
-    Returns the largest differences seen. (`backend` is for the kit's own tests: a mode applies to
-    Inductor only.)
-    """
-    from perflab.labs.lab05_checks import compiled_from, observe_compiled
-
-    return compiled_from(observe_compiled(fixed_cls, mode, seed, draws, backend), mode, seed, draws)
-
-
-# ---------------------------------------------------------------------------------------------
 # The graded re-measurement
 
 
@@ -488,107 +474,33 @@ def verify_choice(choice: str | None, claim: float | None = None, mode: str | No
                               max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
 
 
-# ---------------------------------------------------------------------------------------------
-# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
-# runs the student's functions on inputs drawn from the grader's seed (`lab05_checks.*_cases`) and
-# returns what they gave, as data (`lab05_checks.observe_*`); the grader-only judges
-# (perflab/labs/hidden/lab05.py) draw the same inputs, compute the references (dynamo's own break
-# lines, eager outputs, break-even, the re-measurement) and decide. Compile counts and dynamo's
-# graph-break count of FixedBlock are read in the notebook's kernel: patching torch._dynamo there is
-# flagged for review.
-
-
-def _probe_breaks_visible(answers: Any, seed: int) -> Any:
-    from perflab.grading.probing import encode, outcome
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        block = BrokenBlock(16)
-    with quiet():
-        return encode(outcome(answers["graph_breaks"], block, torch.randn(8, 16)))
-
-
-def _probe_breaks_hidden(answers: Any, seed: int) -> Any:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab05_checks import break_cases
-
-    fn = answers["graph_breaks"]
-    with quiet():
-        return [outcome(fn, target, x) for target, x in break_cases(seed)]
-
-
-def _probe_fixed(answers: Any, seed: int, visible: bool) -> list[dict[str, Any]]:
-    from perflab.labs.lab05_checks import VISIBLE_FIXED_CASES, fixed_block_cases, observe_fixed
-
-    return observe_fixed(answers["FixedBlock"], VISIBLE_FIXED_CASES if visible else fixed_block_cases(seed))
-
-
-def _probe_measure_compile(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab05_checks import (
-        measure_compile_cases,
-        observe_measure_compile,
-        observe_reset,
-    )
-
-    fn = answers["measure_compile"]
-    cases = measure_compile_cases(seed)
-    if visible:
-        return {"cases": [observe_measure_compile(fn, cases[0])]}
-    bad = [outcome(fn, ScriptedBuild(FakeClock(), 0.0, [1.0]), steps, clock=FakeClock()) for steps in (0, -2)]
-    return {"cases": [observe_measure_compile(fn, c) for c in cases[1:]], "bad": bad, "reset": observe_reset(fn, seed)}
-
-
-def _probe_compiled(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab05_checks import observe_compiled
-
-    choice = answers.get("CHOICE")
-    return {"mode": choice if isinstance(choice, str) else None,
-            "observed": observe_compiled(answers["FixedBlock"], choice if isinstance(choice, str) else "default",
-                                         seed=seed % 1000)}
-
-
-def _probe_break_even(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab05_checks import BREAK_EVEN_BAD, BREAK_EVEN_VISIBLE, break_even_cases
-
-    fn = answers["break_even_steps"]
-    cases = BREAK_EVEN_VISIBLE if visible else break_even_cases(seed)
-    return {"values": [outcome(fn, *args) for args in cases],
-            "bad": [outcome(fn, *args) for args, _ in BREAK_EVEN_BAD]}
-
-
-def _probe_no_recompile(answers: Any, seed: int, visible: bool) -> list[dict[str, Any]]:
-    from perflab.labs.lab05_checks import no_recompile_cases, observe_no_recompile
-
-    cases = no_recompile_cases(seed)
-    return [observe_no_recompile(answers["no_recompile_setup"], case) for case in (cases[:1] if visible else cases)]
-
-
-def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import encode
-
-    choice = answers["CHOICE"]
-    return {"choice": choice if choice is None or isinstance(choice, str) else {"type": type(choice).__name__},
-            "claim": encode(answers.get("CLAIM"))}
-
-
 # The predictions written before a headline measurement, by the key of their graded cell
 # (`test_predict_<key>`): the value's name and its one line of why.
 PREDICTIONS = {"break_even": ("PREDICT_BREAK_EVEN", "WHY_BREAK_EVEN")}
 
-PROBES = {
-    "test_graph_breaks_visible": _probe_breaks_visible,
-    "test_graph_breaks_hidden": _probe_breaks_hidden,
-    "test_fixed_visible": lambda answers, seed: _probe_fixed(answers, seed, True),
-    "test_fixed_hidden": lambda answers, seed: _probe_fixed(answers, seed, False),
-    "test_measure_compile_visible": lambda answers, seed: _probe_measure_compile(answers, seed, True),
-    "test_measure_compile_hidden": lambda answers, seed: _probe_measure_compile(answers, seed, False),
-    "test_compiled_matches_eager": _probe_compiled,
-    "test_break_even_visible": lambda answers, seed: _probe_break_even(answers, seed, True),
-    "test_break_even_hidden": lambda answers, seed: _probe_break_even(answers, seed, False),
-    "test_no_recompile_visible": lambda answers, seed: _probe_no_recompile(answers, seed, True),
-    "test_no_recompile_hidden": lambda answers, seed: _probe_no_recompile(answers, seed, False),
-    "test_choice_verified": _probe_choice,
-    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
-}
+
+# ---------------------------------------------------------------------------------------------
+# Names that moved out of this contract, and the module each lives in now: a notebook released before
+# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
+
+MOVED = moved.table([
+    ("perflab.labs.lab05_checks", (
+        "check_compiled_matches_eager", "COMPILED_RTOL", "COMPILED_ATOL", "compiled_from", "observe_compiled",
+        "break_one_item", "break_branch_and_numpy", "break_none", "break_print_twice", "BREAK_PROBES",
+        "break_cases", "fixed_cases", "fixed_block_cases", "VISIBLE_FIXED_CASES", "paired_for", "observe_fixed",
+        "measure_compile_cases", "observe_measure_compile", "observe_reset", "BREAK_EVEN_FIXED",
+        "BREAK_EVEN_VISIBLE", "BREAK_EVEN_BAD", "break_even_cases", "no_recompile_cases",
+        "observe_no_recompile")),
+    ("perflab.labs.lab05_dynamo", ("NOISY_LOGGERS",)),
+    ("perflab.labs.lab05_probes", ("PROBES",)),
+])
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if moved.first_read(__name__, name):
+        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

@@ -1,10 +1,11 @@
-"""Lab 5's check machinery: what the visible gate, the grader's probes and its judges run.
+"""Lab 5's checks: what the visible gate, the grader's probes and its judges run.
 
 For each thing the student writes, the inputs drawn from a seed (`*_cases`, `break_cases`) and an
 `observe_*` that runs the student's answer and returns what it gave as data; `compiled_from` decides
-the compiled-against-eager gate from such data. The contract module `perflab.labs.lab05` calls these
-from `check_compiled_matches_eager` and its `PROBES`; the grader-only `perflab/labs/hidden/lab05.py`
-draws the same inputs, computes the references and judges.
+the compiled-against-eager gate from such data, and `check_compiled_matches_eager` is that gate as the
+notebook's visible cell runs it. This module imports the contract `perflab.labs.lab05`, never the
+reverse; the probes (`perflab.labs.lab05_probes`) run the `observe_*` functions, and the grader-only
+`perflab/labs/hidden/lab05.py` draws the same inputs, computes the references and judges.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ COMPILED_RTOL, COMPILED_ATOL = 1e-3, 1e-4
 
 
 # ---------------------------------------------------------------------------------------------
-# The compiled-against-eager gate (`lab05.check_compiled_matches_eager`, and its probe)
+# The compiled-against-eager gate (`check_compiled_matches_eager`, and its probe)
 
 
 def _gate_draws(seed: int, draws: int) -> tuple[int, int, list[dict[str, Any]]]:
@@ -109,6 +110,17 @@ def compiled_from(observed: Any, mode: str | None = "default", seed: int = 0, dr
             for name, g, w in zip(names, grads, want["param_grads"], strict=True):
                 _close_or_fail(decoded_tensor(g), w, f"{where}: gradient of {name}", worst, "param_grad", hint)
     return worst
+
+
+def check_compiled_matches_eager(fixed_cls: type[nn.Module], mode: str | None = "default", seed: int = 0,
+                                 draws: int = 3, backend: str = "inductor") -> dict[str, float]:
+    """`torch.compile(FixedBlock, mode=mode)` against eager BrokenBlock: outputs, input and parameter gradients.
+
+    One compile (random values, one shape per check) keeps it fast; both branches are drawn.
+    Returns the largest differences seen. (`backend` is for the kit's own tests: a mode applies to
+    Inductor only.)
+    """
+    return compiled_from(observe_compiled(fixed_cls, mode, seed, draws, backend), mode, seed, draws)
 
 
 def decoded_tensor(data: Any) -> torch.Tensor | None:

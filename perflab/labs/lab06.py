@@ -47,37 +47,38 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline, the changes this hardware can benefit from (`plan_changes`, from the calibration) and the
 reference FINAL calibrated against (`reference_final`, `calibration_pair`), `ratio_ci` (what
-`cumulative_speedups` takes its CIs from), the visible checks (`cumulative_problems`, against the rows
-stored for the visible example; `final_problems`/`check_final`, `accuracy_tolerance`/
-`accuracy_problems`/`check_accuracy`, `check_report`), `verify_final`, and `PROBES`, what the grader
-reads from a notebook.
+`cumulative_speedups` takes its CIs from), the rules FINAL and its accuracy are held to
+(`final_problems`/`check_final`, `accuracy_tolerance`/`accuracy_problems`/`check_accuracy`), and
+`verify_final`.
 
-Elsewhere: the checks' machinery, stored rows and random cases in `perflab.labs.lab06_checks` (which
-imports this module, so the visible checks and probes import it when they run); what the notebook
-measures (screening, the ablation's block times, the memory model, accuracy, MFU) in
-`perflab.labs.lab06_measure`; the analysis and results files the report is built from in
-`perflab.labs.lab06_report`; the judges and reference answers in the grader-only
-`perflab/labs/hidden/lab06.py`.
+Elsewhere, each importing this module and never imported by it: the visible checks of the rows and the
+report (`cumulative_problems`, against the rows stored for the visible example; `check_report`) with
+their machinery and random cases in `perflab.labs.lab06_checks`; what the notebook measures (screening,
+the ablation's block times, accuracy, MFU) in `perflab.labs.lab06_measure`; the analysis and results
+files the report is built from in `perflab.labs.lab06_report`; `PROBES`, what the grader reads from a
+notebook, in `perflab.labs.lab06_probes` (answered here too: the grader looks for it here); the judges
+and reference answers in the grader-only `perflab/labs/hidden/lab06.py`. The memory model, which the
+plan needs, is `perflab.labs.lab06_memory` (it imports nothing of lab 6). Names that moved out of this
+module are answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from perflab import env, stats
-from perflab.labs import predict
+from perflab.labs import lab06_memory, moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
     accepted,
     changed_fields_problems,
     inconclusive_policy,
-    moved_names,
     report,
     verify_against_bar,
 )
@@ -410,13 +411,12 @@ def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
                     expectations: Callable[[str], Any] | None = None) -> TrainConfig:
     """The reference solution's FINAL without screening: the baseline plus every planned change the
     calibration calls a gain (and checkpointing where memory demands it)."""
-    from perflab.labs.lab06_measure import needs_checkpointing
     from perflab.verify import load_expectation
 
     info = info or env.machine_info()
     lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
     config = baseline_config(mode)
-    for plan in plan_changes(info, mode, memory_needed=needs_checkpointing(config, info),
+    for plan in plan_changes(info, mode, memory_needed=lab06_memory.needs_checkpointing(config, info),
                              expectations=lookup):
         bar = lookup(plan.change.expectation)
         if plan.action == "force" or (plan.action == "try" and bar.calibrated and bar.kind == "gain"):
@@ -430,9 +430,8 @@ def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
 
 
 # ---------------------------------------------------------------------------------------------
-# What cumulative_speedups takes its CIs from, and its visible check: what is wrong, in words (empty
-# when all is well). The machinery and the stored rows live in perflab.labs.lab06_checks, which imports
-# this module; so the check imports it when it runs. The hidden checks are the grader's.
+# What cumulative_speedups takes its CIs from (its visible check, `cumulative_problems`, and the stored
+# rows are perflab.labs.lab06_checks'; the hidden checks are the grader's)
 
 
 def ratio_ci(baseline: Sequence[float], times: Sequence[float], quantile: float = QUANTILE,
@@ -442,23 +441,8 @@ def ratio_ci(baseline: Sequence[float], times: Sequence[float], quantile: float 
     return interval.low, interval.high
 
 
-def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Sequence[float]],
-                        expected: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> list[str]:
-    """Does `fn(measurements, **kwargs)` return the contract's rows for this ablation? The rows it must
-    return are `expected`, by default those stored for the visible example (`stored_cumulative`)."""
-    from perflab.labs.lab06_checks import rows_problems, stored_cumulative
-
-    copy = {k: list(v) for k, v in measurements.items()}
-    want = list(expected) if expected is not None else stored_cumulative(
-        measurements, kwargs.get("quantile", QUANTILE), kwargs.get("seed", CI_SEED))
-    got = fn(measurements, **kwargs)
-    if dict(measurements) != copy:
-        return ["cumulative_speedups changed its input measurements"]
-    return rows_problems(got, measurements, want, kwargs.get("quantile", QUANTILE))
-
-
 # ---------------------------------------------------------------------------------------------
-# FINAL, the chain, the accuracy gate and the report
+# FINAL, the chain and the accuracy gate
 
 
 def final_problems(final: Any, chain: Any = None, mode: str | None = None) -> list[str]:
@@ -517,14 +501,6 @@ def check_accuracy(acc: Mapping[str, Any]) -> None:
     assert not problems, problems[0]
 
 
-def check_report(report_path: str | os.PathLike[str], results_path: str | os.PathLike[str]) -> None:
-    """The HTML report holds every section, and this lab's ablation, memory curve, accuracy and analysis."""
-    from perflab.labs.lab06_checks import report_problems
-
-    problems = report_problems(report_path, results_path)
-    assert not problems, problems[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # The graded re-measurement
 
@@ -542,83 +518,37 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
                               max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
 
 
-# ---------------------------------------------------------------------------------------------
-# What the grader reads from a notebook (perflab.grading.probing): each autograded cell's probe
-# returns the student's raw outputs on inputs drawn from the grader's seed (`lab06_checks.*_cases`);
-# the grader-only judges (perflab/labs/hidden/lab06.py) draw the same inputs, compute the reference
-# answers and decide.
-
-
-def _config_data(value: Any) -> dict[str, Any]:
-    return {"type": type(value).__name__, "config": value.to_dict() if isinstance(value, TrainConfig) else None}
-
-
-def _probe_final_config(answers: Any, seed: int) -> dict[str, Any]:
-    chain = answers["CHAIN"]
-    try:
-        steps = [{"name": str(name), **_config_data(config)} for name, config in chain]
-    except (TypeError, ValueError):
-        steps = None
-    return {"final": _config_data(answers["FINAL"]), "chain": steps}
-
-
-def _probe_cumulative_visible(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab06_checks import VISIBLE_ABLATION, observe_cumulative
-
-    fn = answers["cumulative_speedups"]
-    return observe_cumulative(fn, {k: list(v) for k, v in VISIBLE_ABLATION.items()}, {})
-
-
-def _probe_cumulative_hidden(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab06_checks import cumulative_cases, observe_cumulative
-
-    fn = answers["cumulative_speedups"]
-    good, bad = cumulative_cases(seed)
-    return {"good": [observe_cumulative(fn, m, kwargs) for m, kwargs in good],
-            "bad": [outcome(fn, m) for m, _ in bad]}
-
-
-def _probe_ablation_table(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import outcome
-    from perflab.labs.lab06_checks import VISIBLE_TABLES, table_cases
-
-    fn = answers["ablation_table"]
-    good, bad = table_cases(seed)
-    return {"visible": [outcome(fn, [dict(r) for r in rows]) for rows in VISIBLE_TABLES],
-            "good": [outcome(fn, rows) for rows in good], "empty": outcome(fn, []),
-            "bad": [outcome(fn, rows) for rows, _ in bad]}
-
-
-def _probe_final_verified(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.grading.probing import encode
-
-    return {"final": _config_data(answers["FINAL"]), "claim": encode(answers.get("CLAIM"))}
-
-
-def _probe_report(answers: Any, seed: int) -> dict[str, Any]:
-    from perflab.labs.lab06_checks import read_capped
-
-    results_path = answers.get("RESULTS_PATH")
-    return {"report": read_capped(Path(REPORT_FILE)),
-            "results": read_capped(Path(results_path)) if isinstance(results_path, (str, os.PathLike)) else None}
-
-
 # The prediction written before the headline measurement, by the key of its graded cell
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
 PREDICTIONS = {"cumulative": ("PREDICT_CUMULATIVE", "WHY_CUMULATIVE")}
 
-PROBES = {
-    "test_final_config": _probe_final_config,
-    "test_cumulative_visible": _probe_cumulative_visible,
-    "test_cumulative_hidden": _probe_cumulative_hidden,
-    "test_ablation_table": _probe_ablation_table,
-    "test_final_verified": _probe_final_verified,
-    "test_accuracy": lambda answers, seed: {"final": _config_data(answers["FINAL"])},
-    "test_report": _probe_report,
-    **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
-}
+
+# ---------------------------------------------------------------------------------------------
+# Names that moved out of this contract, and the module each lives in now: a notebook released before
+# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
+
+MOVED = moved.table([
+    ("perflab.labs.lab06_checks", (
+        "cumulative_problems", "check_report", "CUMULATIVE_FILE", "stored_cumulative", "close_to",
+        "rows_problems", "VISIBLE_ABLATION", "VISIBLE_TABLES", "REPORT_CAP_BYTES", "random_measurements",
+        "random_rows", "cumulative_cases", "table_cases", "observe_cumulative", "read_capped",
+        "report_problems")),
+    ("perflab.labs.lab06_measure", (
+        "PRIME_STEPS", "screen", "measure_chain", "step_stat", "measure_accuracy", "mfu")),
+    ("perflab.labs.lab06_memory", (
+        "MEMORY_BUDGET_SHARE", "MIN_MEMORY_BATCH", "OPTIMIZER", "memory_budget_bytes", "training_memory",
+        "memory_vs_batch", "largest_batch", "needs_checkpointing")),
+    ("perflab.labs.lab06_report", (
+        "UNANSWERED", "read_analysis", "find_results", "DECISION_LABS", "earlier_decisions")),
+    ("perflab.labs.lab06_probes", ("PROBES",)),
+])
 
 
-# Names that moved to the checks and helpers stay reachable as `lab06.<name>` (a notebook released before).
-__getattr__ = moved_names(__name__, "perflab.labs.lab06_measure", "perflab.labs.lab06_report", "perflab.labs.lab06_checks")
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if moved.first_read(__name__, name):
+        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

@@ -4,9 +4,10 @@ The rows stored for the visible `cumulative_speedups` example (`CUMULATIVE_FILE`
 and what is wrong with a student's rows (`rows_problems`); random ablations and tables drawn from a
 seed for the hidden checks (`cumulative_cases`, `table_cases`) with the visible inputs
 (`VISIBLE_ABLATION`, `VISIBLE_TABLES`); what a probe records of one call (`observe_cumulative`,
-`read_capped`); and what is wrong with the rendered report (`report_problems`). The contract module
-`perflab.labs.lab06` calls these from its visible checks and its `PROBES`; the grader-only
-`perflab/labs/hidden/lab06.py` judges with them.
+`read_capped`); and what is wrong with the rendered report (`report_problems`), with the visible checks
+the notebook's test cells call (`cumulative_problems`, `check_report`). This module imports the contract
+`perflab.labs.lab06`, never the reverse; the probes (`perflab.labs.lab06_probes`) run these, and the
+grader-only `perflab/labs/hidden/lab06.py` judges with them.
 """
 
 from __future__ import annotations
@@ -84,6 +85,19 @@ def rows_problems(got: Any, measurements: Mapping[str, Sequence[float]], want: S
         if g.get("cumulative") is not True:
             return [f"{where}: {w['name']}: rows must say 'cumulative': True (each is against the original baseline)"]
     return []
+
+
+def cumulative_problems(fn: Callable[..., Any], measurements: Mapping[str, Sequence[float]],
+                        expected: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> list[str]:
+    """Does `fn(measurements, **kwargs)` return the contract's rows for this ablation? The rows it must
+    return are `expected`, by default those stored for the visible example (`stored_cumulative`)."""
+    copy = {k: list(v) for k, v in measurements.items()}
+    want = list(expected) if expected is not None else stored_cumulative(
+        measurements, kwargs.get("quantile", QUANTILE), kwargs.get("seed", CI_SEED))
+    got = fn(measurements, **kwargs)
+    if dict(measurements) != copy:
+        return ["cumulative_speedups changed its input measurements"]
+    return rows_problems(got, measurements, want, kwargs.get("quantile", QUANTILE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,3 +236,9 @@ def report_problems(report_path: str | os.PathLike[str], results_path: str | os.
         if words and not all(w in page for w in words[:5]):
             problems.append(f"{path}: the written analysis saved in the results is not in the report")
     return problems
+
+
+def check_report(report_path: str | os.PathLike[str], results_path: str | os.PathLike[str]) -> None:
+    """The HTML report holds every section, and this lab's ablation, memory curve, accuracy and analysis."""
+    problems = report_problems(report_path, results_path)
+    assert not problems, problems[0]

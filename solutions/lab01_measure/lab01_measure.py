@@ -65,7 +65,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, record_function
 
 from perflab import counting, dataset, env, memory, mystery, phases, roofline, timing, workload
-from perflab.labs import common, lab01
+from perflab.labs import common, lab01, lab01_checks
 from perflab.labs import lab01_mystery
 from perflab.labs.lab01 import FakeDevice
 
@@ -614,7 +614,7 @@ hidden01.check("find_leak_hidden", globals())
 # %% nbgrader={"grade": true, "grade_id": "preprocess_fixed_check", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Same values as preprocess_leaky on several batches; neither traced memory nor the process's resident
 # set grows over repeated calls.
-lab01.check_preprocess_fixed(preprocess_fixed, seed=607)
+lab01_checks.check_preprocess_fixed(preprocess_fixed, seed=607)
 print("preprocess_fixed keeps nothing")
 
 # %% [markdown]
@@ -725,7 +725,7 @@ print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 print(f"trace written to {TRACE}: open it in https://ui.perfetto.dev")
 
 # %% nbgrader={"grade": true, "grade_id": "profile_training_visible", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-label_counts = lab01.check_trace(TRACE, ACTIVE)
+label_counts = lab01_checks.check_trace(TRACE, ACTIVE)
 print("visible tests passed; label events in the trace:", label_counts)
 
 # %% nbgrader={"grade": true, "grade_id": "profile_training_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}

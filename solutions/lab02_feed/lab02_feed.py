@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, phases, timing, workload
-from perflab.labs import common, lab02, predict
+from perflab.labs import common, lab02, lab02_checks, lab02_measure, predict
 from perflab.labs.lab02 import DataWait
 
 # torch warns when a loader asks for more workers than the machine has cores. This lab does that on
@@ -136,7 +136,7 @@ def make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False,
 # %% nbgrader={"grade": true, "grade_id": "test_make_loader_visible", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # Every sample once per epoch, full batches then a ragged last one (IndexData(i) yields (tensor([i, i]), i)).
 for args in [(20, 4, 0), (23, 5, 0), (23, 5, 2), (3, 8, 0)]:
-    problems = lab02.loader_problems(make_loader, *args)
+    problems = lab02_checks.loader_problems(make_loader, *args)
     assert not problems, problems[0]
 print("make_loader: every sample exactly once per epoch, ragged last batch kept")
 
@@ -150,7 +150,7 @@ print("make_loader: randomised sizes, batches and worker counts")
 
 # %% nbgrader={"grade": true, "grade_id": "test_make_loader_order", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # The order: shuffled, new each epoch, set by the seed, and the same for every loader setting.
-problems = lab02.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
+problems = lab02_checks.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
@@ -579,7 +579,7 @@ else:
 # cell) says it is faster than the baseline. While one side of such a comparison runs, the other's
 # workers fill their queue; a short block would then read those batches at no cost, so loader
 # configurations are compared in blocks long enough, each after its queue is drained
-# (`lab02.loader_pace`). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
+# (`lab02_measure.loader_pace`). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
 #
 # The next cells measure your speedup (`CLAIM`) with `perflab.timing.compare` (interleaved blocks
 # of training steps, bootstrap CI), check that `BEST` consumes the baseline's samples pixel for pixel
@@ -595,7 +595,7 @@ if _chosen > 0:
                                   pin_memory=DEVICE.type == "cuda")
     _a, _b = workload.build(BASELINE), workload.build(_candidate)
     _check = timing.compare(lambda: workload.train_step(_a), lambda: workload.train_step(_b),
-                            blocks=S.compare_blocks, **lab02.loader_pace(BASELINE, _candidate, S.compare_block_size))
+                            blocks=S.compare_blocks, **lab02_measure.loader_pace(BASELINE, _candidate, S.compare_block_size))
     _a.close()
     _b.close()
     print(_check)
@@ -608,7 +608,7 @@ print(BEST)
 base_work, best_work = workload.build(BASELINE), workload.build(BEST)
 COMPARISON = timing.compare(lambda: workload.train_step(base_work), lambda: workload.train_step(best_work),
                             blocks=S.compare_blocks, labels=("baseline", "BEST"),
-                            **lab02.loader_pace(BASELINE, BEST, S.compare_block_size))
+                            **lab02_measure.loader_pace(BASELINE, BEST, S.compare_block_size))
 CLAIM = COMPARISON.speedup
 print(COMPARISON)
 AFTER = phases.measure_phases(BEST, steps=S.phase_steps)
@@ -619,7 +619,7 @@ best_work.close()
 # %% nbgrader={"grade": true, "grade_id": "test_best_samples", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Correctness gate: BEST changes only loader knobs and feeds exactly the baseline's samples and pixels,
 # across an epoch boundary.
-lab02.check_best(BEST)
+lab02_checks.check_best(BEST)
 print("BEST consumes the baseline's samples")
 
 # %% nbgrader={"grade": true, "grade_id": "test_best_verified", "locked": true, "points": 15, "schema_version": 3, "solution": false, "task": false}

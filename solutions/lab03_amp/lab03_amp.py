@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, workload
-from perflab.labs import common, lab03, lab03_figures, predict
+from perflab.labs import common, lab03, lab03_census, lab03_checks, lab03_figures, predict
 from perflab.verify import load_expectation
 
 common.setup_notebook()
@@ -182,7 +182,7 @@ def amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None):
 
 # %% nbgrader={"grade": true, "grade_id": "test_amp_step_visible", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    problems = lab03.parity_problems(amp_train_step, 7, dtype) + lab03.low_precision_problems(amp_train_step, 7, dtype)
+    problems = lab03_checks.parity_problems(amp_train_step, 7, dtype) + lab03_checks.low_precision_problems(amp_train_step, 7, dtype)
     assert not problems, problems[0]
 print("amp_train_step: losses follow FP32 at every precision; convolutions compute in the dtype asked for")
 
@@ -198,7 +198,7 @@ print("amp_train_step: random problems pass")
 # %% nbgrader={"grade": true, "grade_id": "test_amp_step_scaler", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # fp16 with a GradScaler: a safe scale (the update must equal FP32's, the scale must grow), an
 # overflowing one (the step must be skipped, the scale backed off), and a run that must never go NaN.
-problems = lab03.scaler_problems(amp_train_step, 11)
+problems = lab03_checks.scaler_problems(amp_train_step, 11)
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab03 as hidden03
@@ -269,7 +269,7 @@ def dtype_census(model, images, labels, *, dtype):
 
 # %% nbgrader={"grade": true, "grade_id": "test_census_visible", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 for dtype in (torch.float32, torch.bfloat16):
-    problems = lab03.census_problems(dtype_census, 5, dtype)
+    problems = lab03_census.census_problems(dtype_census, 5, dtype)
     assert not problems, problems[0]
 print("dtype_census: every leaf module call and the loss counted; hooks removed, mode restored")
 
@@ -442,7 +442,7 @@ print(f"claimed speedup: {CLAIM:.2f}x")
 # %% nbgrader={"grade": true, "grade_id": "test_amp_config", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # AMP_CONFIG changes only the precision knobs of the baseline, and trains like it: the same samples, and
 # losses within rounding of the baseline's over two fixed-seed steps.
-lab03.check_config(AMP_CONFIG)
+lab03_checks.check_config(AMP_CONFIG)
 assert isinstance(CLAIM, (int, float)) and CLAIM > 0, f"CLAIM: a positive number (your measured speedup), got {CLAIM!r}"
 print("AMP_CONFIG changes only", ", ".join(f for f in lab03.AMP_FIELDS if getattr(AMP_CONFIG, f) != getattr(BASELINE, f))
       or "nothing (the baseline)")

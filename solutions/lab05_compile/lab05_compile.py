@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, timing, workload
-from perflab.labs import common, lab05, predict
+from perflab.labs import common, lab05, lab05_checks, predict
 from perflab.labs import lab05_dynamo
 from perflab.labs.lab05 import BrokenBlock, CompileTiming, CountingBackend
 
@@ -464,7 +464,7 @@ print(f"your claimed steady-state speedup: {CLAIM:.3f}x")
 # shows up.
 
 # %% nbgrader={"grade": true, "grade_id": "test_compiled_matches_eager", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
-GATE = lab05.check_compiled_matches_eager(FixedBlock, mode=CHOICE or "default", seed=7)
+GATE = lab05_checks.check_compiled_matches_eager(FixedBlock, mode=CHOICE or "default", seed=7)
 print("compiled FixedBlock matches eager BrokenBlock; largest differences:",
       {k: f"{v:.2g}" for k, v in GATE.items()})
 

@@ -54,7 +54,7 @@ import numpy as np
 from IPython.display import Image, display
 
 from perflab import dataset, env, phases, report, workload
-from perflab.labs import common, lab06, lab06_measure, lab06_report, predict
+from perflab.labs import common, lab06, lab06_checks, lab06_measure, lab06_memory, lab06_report, predict
 from perflab.report import figures
 from perflab.report.model import waterfall_steps
 
@@ -99,8 +99,8 @@ DECISIONS = lab06_report.earlier_decisions()
 for lab, found in DECISIONS["found"].items():
     print(f"{lab:<14} {found or 'no results here: enter its decision below'}")
 print(f"loader {DECISIONS['loader']}, precision {DECISIONS['precision']}, compile {DECISIONS['compile_mode']!r}")
-BUDGET = lab06_measure.memory_budget_bytes(INFO)
-MEMORY_NEEDED = lab06_measure.needs_checkpointing(BASELINE, INFO)
+BUDGET = lab06_memory.memory_budget_bytes(INFO)
+MEMORY_NEEDED = lab06_memory.needs_checkpointing(BASELINE, INFO)
 print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: unknown",
       "-> checkpointing needed" if MEMORY_NEEDED else "-> the baseline's batch fits")
 
@@ -335,7 +335,7 @@ example = {"baseline": [1.0, 1.2, 1.1, 1.0], "+ workers": [0.5, 0.6, 0.5, 0.55],
 rows = cumulative_speedups(example)
 assert [r["name"] for r in rows] == ["+ workers", "+ bf16"], [r["name"] for r in rows]
 assert abs(rows[0]["speedup"] - 2.0) < 1e-12 and abs(rows[1]["speedup"] - 4.0) < 1e-12, rows
-problems = lab06.cumulative_problems(cumulative_speedups, example)
+problems = lab06_checks.cumulative_problems(cumulative_speedups, example)
 assert not problems, problems[0]
 print("cumulative_speedups:", [(r["name"], round(r["speedup"], 3)) for r in rows])
 
@@ -439,14 +439,14 @@ assert lab06.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 
 # %%
 NUM_CLASSES = len(workload.build_dataset(BASELINE).base.classes)
-MEMORY = lab06_measure.memory_vs_batch(FINAL, S.memory_batches, NUM_CLASSES)
+MEMORY = lab06_memory.memory_vs_batch(FINAL, S.memory_batches, NUM_CLASSES)
 series = [("FINAL", ckpt, [(r["batch_size"], r["bytes"]) for r in MEMORY if r["checkpointed"] == ckpt])
           for ckpt in (False, True)]
 display(Image(figures.png(figures.memory_lines(series, INFO.gpu_memory_bytes))))
 LARGEST = {}
 if BUDGET:
     for ckpt in (False, True):
-        LARGEST[ckpt] = lab06_measure.largest_batch(MEMORY, BUDGET, ckpt)
+        LARGEST[ckpt] = lab06_memory.largest_batch(MEMORY, BUDGET, ckpt)
     print(f"largest batch under {BUDGET / 2**30:.1f} GiB: {LARGEST[False]} plain, {LARGEST[True]} checkpointed")
 
 # %% [markdown]
@@ -603,7 +603,7 @@ for warning in REPORT.warnings:
 
 # %% nbgrader={"grade": true, "grade_id": "test_report", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # The page holds every section, and this lab's waterfall, memory curve, accuracy and analysis.
-lab06.check_report(lab06.REPORT_FILE, RESULTS_PATH)
+lab06_checks.check_report(lab06.REPORT_FILE, RESULTS_PATH)
 print("report.html: every section present")
 
 # %% [markdown]

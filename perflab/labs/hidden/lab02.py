@@ -16,10 +16,10 @@ from typing import Any
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab02, predict
-from perflab.labs.lab02 import (
+from perflab.labs import lab02, lab02_checks, predict
+from perflab.labs.lab02 import DEFAULT_TOLERANCE
+from perflab.labs.lab02_checks import (
     DATA_WAIT_BAD_STEPS,
-    DEFAULT_TOLERANCE,
     PICK_WORKERS_BAD,
     SLOW_LOADER_S,
     SLOW_STEP_S,
@@ -120,7 +120,7 @@ def _reference_pick(sweep: dict[int, float], tolerance: float | None) -> int:
 
 
 def judge_pick_workers(observed: Any, ctx: Context) -> None:
-    cases = lab02.pick_workers_cases(ctx.seed)
+    cases = lab02_checks.pick_workers_cases(ctx.seed)
     for (sweep, tol), got in zip(cases, _cases(observed.get("picked"), len(cases)), strict=True):
         expected = _reference_pick(sweep, tol)
         call = f"pick_workers({sweep})" if tol is None else f"pick_workers({sweep}, {tol})"
@@ -145,7 +145,7 @@ def exported_best(observed: Any, ctx: Context) -> TrainConfig:
 
 def judge_best_samples(observed: Any, ctx: Context) -> None:
     best = exported_best(observed, ctx)
-    lab02.check_best(best, ctx.mode)
+    lab02_checks.check_best(best, ctx.mode)
 
 
 def judge_best_verified(observed: Any, ctx: Context) -> Mark:

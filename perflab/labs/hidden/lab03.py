@@ -23,9 +23,10 @@ from torch import nn
 
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
-from perflab.labs import lab03, lab03_checks, predict
+from perflab.labs import lab03, lab03_census, lab03_checks, predict
 from perflab.labs.lab03 import as_dtype, dtype_name
-from perflab.labs.lab03_checks import CENSUS_FILE, census_case, census_inputs, one_thread
+from perflab.labs.lab03_census import CENSUS_FILE, census_case, census_inputs
+from perflab.labs.lab03_checks import one_thread
 from perflab.workload import TrainConfig
 
 # The problems of the visible census check (`census_problems(dtype_census, 5, dtype)` on the CPU):
@@ -75,13 +76,13 @@ def _expected_census(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 @one_thread
 def expected_census(seed: int, dtype: str | torch.dtype, *, device: str = "cpu",
                     resnet: bool = False) -> dict[str, dict[str, int]]:
-    """The reference census of one census problem (`lab03_checks.census_inputs`): what `census_problems` expects."""
+    """The reference census of one census problem (`lab03_census.census_inputs`): what `census_problems` expects."""
     model, images, labels, _ = census_inputs(seed, device, resnet)
     return _expected_census(model, images, labels, as_dtype(dtype))
 
 
 def visible_census() -> dict[str, Any]:
-    """CENSUS_FILE's content: the reference census of each visible problem, by `lab03_checks.census_case`."""
+    """CENSUS_FILE's content: the reference census of each visible problem, by `lab03_census.census_case`."""
     cases = {census_case(seed, dtype): expected_census(seed, dtype) for seed, dtype in VISIBLE_CENSUS_CASES}
     return {"about": "expected dtype_census of the visible census check's problems (small CNNs on the CPU); "
                      "written by the grader's perflab/labs/hidden/lab03.py (write_visible_census)",
@@ -89,7 +90,7 @@ def visible_census() -> dict[str, Any]:
 
 
 def write_visible_census(path: str | Path = CENSUS_FILE) -> Path:
-    """Write `visible_census()` to `path` (default: lab03_checks.CENSUS_FILE, shipped beside it)."""
+    """Write `visible_census()` to `path` (default: lab03_census.CENSUS_FILE, shipped beside it)."""
     path = Path(path)
     path.write_text(json.dumps(visible_census(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
@@ -140,7 +141,7 @@ def judge_scaler(observed: Any, ctx: Context) -> None:
 def judge_census_visible(observed: Any, ctx: Context) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         s = lab03.VISIBLE_CENSUS_SEED
-        _first(lab03_checks.census_from(observed.get(dtype_name(dtype)), s, dtype, expected=expected_census(s, dtype)))
+        _first(lab03_census.census_from(observed.get(dtype_name(dtype)), s, dtype, expected=expected_census(s, dtype)))
 
 
 def judge_census_hidden(observed: Any, ctx: Context) -> None:
@@ -153,12 +154,12 @@ def judge_census_hidden(observed: Any, ctx: Context) -> None:
         for s, run in zip(seeds, small, strict=True):
             assert isinstance(run, Mapping), "no result"
             for dtype in lab03.STEP_DTYPES:
-                _first(lab03_checks.census_from(run.get(dtype_name(dtype)), s, dtype, device=device,
+                _first(lab03_census.census_from(run.get(dtype_name(dtype)), s, dtype, device=device,
                                                 expected=expected_census(s, dtype, device=device)))
         resnet = part.get("resnet")
         assert isinstance(resnet, Mapping), "no result for ResNet-18"
         for dtype in lab03.LOW_PRECISION:
-            _first(lab03_checks.census_from(resnet.get(dtype_name(dtype)), ctx.seed, dtype, device=device, resnet=True,
+            _first(lab03_census.census_from(resnet.get(dtype_name(dtype)), ctx.seed, dtype, device=device, resnet=True,
                                             expected=expected_census(ctx.seed, dtype, device=device, resnet=True)))
 
 

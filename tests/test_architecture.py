@@ -1,0 +1,117 @@
+"""The package's shape, from its own source: no circle in the import graph, no module over 600 lines.
+
+The graph is built from every `import` and `from ... import` the modules write (at any depth: an
+import inside a function is still a dependency), relative imports resolved, each name resolved to the
+deepest perflab module it names (`from perflab.verify import decide` depends on the submodule, `from
+perflab.verify import Side` on the package). A circle means two modules cannot be read, tested or changed apart.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "perflab"
+MAX_LINES = 600
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _resolve(module: str | None, importer: str, level: int, is_package: bool) -> str:
+    if not level:
+        return module or ""
+    parts = importer.split(".") if is_package else importer.split(".")[:-1]
+    parts = parts[: len(parts) - (level - 1)]
+    return ".".join([*parts, *([module] if module else [])])
+
+
+def import_graph() -> dict[str, set[str]]:
+    """perflab module -> the perflab modules it imports."""
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):  # `from pkg import sub` depends on sub; `import X` on pkg
+                base = _resolve(node.module, name, node.level, is_package)
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in known:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_the_cycle_finder_finds_a_circle_and_a_clean_graph_has_none():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_the_graph_sees_imports_inside_functions_and_relative_ones():
+    graph = import_graph()
+    assert "perflab.verify.protocol" in graph and graph["perflab.verify.protocol"]
+    assert any(target.startswith("perflab.") for targets in graph.values() for target in targets)
+
+
+def test_no_circle_in_perflabs_import_graph():
+    found = cycles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_over_600_lines():
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"
