@@ -400,8 +400,9 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
     the planted pipeline timed once beside all the copies (interleaved rounds of `steps`-step blocks
     after a warm-up step each, the fastest block of each: noise only adds time), on the torch thread
     count the grader measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in
-    this process's CPU time: on one thread that is the step's work, which other programs sharing the
-    machine (a grader running two notebooks at once) do not inflate as they do wall time. Give it
+    this thread's CPU time: on one torch thread that is the step's work, which other programs and
+    threads sharing the machine (a grader running two notebooks at once, the kernel's own threads) do
+    not inflate as they do wall time. Give it
     one copy per fix, each with only that fix, to measure each bug alone."""
     import torch
 
@@ -419,10 +420,10 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
             order = list(range(len(sides)))
             for r in range(rounds):
                 for i in order if r % 2 == 0 else order[::-1]:
-                    start = time.process_time()
+                    start = time.thread_time()
                     for _ in range(steps):
                         sides[i]()
-                    best[i] = min(best[i], time.process_time() - start)
+                    best[i] = min(best[i], time.thread_time() - start)
     finally:
         torch.set_num_threads(threads)
     return [1.0 - b / best[0] for b in best[1:]]

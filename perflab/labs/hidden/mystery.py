@@ -40,9 +40,9 @@ KIND_WORTH = 0.5
 # A finding's saving agrees with the grader's g when it lies in [g / SAVING_FACTOR - SAVING_SLACK,
 # g * SAVING_FACTOR + SAVING_SLACK]. The notebook re-runs on the grading machine, so an honest saving is
 # measured where the grader measures; on 2 cores here, 1 and 2 torch threads moved a bug's saving by up
-# to 1.5x (0.067 and 0.106 for alice's python_collate), and a memory bug's read -0.016 to 0.012.
+# to 1.5x (0.067 and 0.106 for alice's python_collate), and a memory bug's read -0.016 to 0.074.
 SAVING_FACTOR = lab01_mystery.SAVING_FACTOR
-SAVING_SLACK = 0.05
+SAVING_SLACK = 0.08  # a memory bug's saving read up to 0.074 in a notebook graded beside another
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
 # Rounds and steps of the grader's measurement (4 x 1 step per variant after a warm-up step, interleaved).
@@ -78,8 +78,8 @@ def measured_savings(student: str, mode: str | None) -> dict[str, float]:
     """What fixing each planted bug alone saves of `student`'s planted pipeline's step time, measured
     here: the planted pipeline and, per bug, the pipeline without it, in interleaved rounds of a few
     steps after a warm-up step, the fastest round of each (noise only adds time), at the verifier's
-    torch thread count, in CPU time (as `lab01_mystery.savings`): in a demo grading two notebooks at
-    once, wall time read 0.00 for bugs that cost 0.2-0.3 of a step. perflab's own code, run in the grader's process (the timing lock is held)."""
+    torch thread count, in this thread's CPU time (as `lab01_mystery.savings`): in a demo grading two
+    notebooks at once, wall time read 0.00 for bugs that cost 0.2-0.3 of a step. perflab's own code, run in the grader's process (the timing lock is held)."""
     import torch
 
     from perflab.verify.protocol import VERIFY_THREADS
@@ -101,10 +101,10 @@ def measured_savings(student: str, mode: str | None) -> dict[str, float]:
             order = list(steps)
             for r in range(SAVING_ROUNDS):
                 for key in order if r % 2 == 0 else order[::-1]:
-                    start = time.process_time()
+                    start = time.thread_time()
                     for _ in range(SAVING_STEPS):
                         steps[key]()
-                    best[key] = min(best[key], time.process_time() - start)
+                    best[key] = min(best[key], time.thread_time() - start)
     finally:
         torch.set_num_threads(threads)
     return {key: max(0.0, 1.0 - best[key] / best[None]) for key in keys}
