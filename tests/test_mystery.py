@@ -121,9 +121,10 @@ def test_a_right_diagnosis_earns_everything_and_each_mistake_costs_its_share() -
     assert mark.fraction == pytest.approx(1 / 3) and "with no planted bug" in mark.message
 
 
-def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothing() -> None:
-    """The planted truth (read from the kit, or a classmate's pipeline diffed) gives lines and types; a
-    finding counts only with a saving that agrees with the grader's measurement of this pipeline."""
+def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothing(monkeypatch) -> None:
+    """The planted truth (read from the kit, or a classmate's pipeline diffed) gives lines and types; with
+    the gate on, a finding counts only with a saving that agrees with the grader's measurement."""
+    monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
     student = "bob"  # grad_histograms (about 0.4 of a step), row_loop (about 0.1), batch_history (0)
     right = _right_answers(student)
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": right}, student).fraction == 1.0
@@ -493,6 +494,7 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
     nbformat.write(nb, path)
     run = H.autograde(H.course_for(LAB), LAB, student, path)
     scores = {s.grade_id: s.auto_score for s in run.autograded}
-    assert scores["mystery_diagnosis"] < 8 / 3, run.shortfalls()
+    if judges.GATE_ON_SAVINGS:
+        assert scores["mystery_diagnosis"] < 8 / 3, run.shortfalls()
     assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
     assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags

@@ -45,6 +45,12 @@ SAVING_FACTOR = lab01_mystery.SAVING_FACTOR
 SAVING_SLACK = 0.08  # a memory bug's saving read up to 0.074 in a notebook graded beside another
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
+# Whether a finding's line and type count only with an agreeing saving. Off: measured in the grader's
+# own process, the savings were not reliable while it graded two notebooks at once (an honest part 10
+# lost 2.7 to 8 of 8 in three demo runs: the grader read 0.00 for bugs costing 0.13-0.3 of a step). The
+# measurement belongs in a fresh child process, as the verifier's; until then the saving is reported,
+# not scored.
+GATE_ON_SAVINGS = False
 # Rounds and steps of the grader's measurement (4 x 1 step per variant after a warm-up step, interleaved).
 SAVING_ROUNDS, SAVING_STEPS = 4, 1
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
@@ -171,7 +177,7 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     problems = diagnosis_problems(findings, len(case.source.splitlines()))
     assert not problems, problems[0]
     located = score_diagnosis(findings, case.planted)
-    savings = measured_savings(case.student, ctx.mode) if located.located else None
+    savings = measured_savings(case.student, ctx.mode) if located.located and GATE_ON_SAVINGS else None
     score = score_diagnosis(findings, case.planted, savings)
     if score.fraction >= 1.0:
         return None
