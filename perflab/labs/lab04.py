@@ -82,13 +82,11 @@ measurements in `perflab.labs.lab04_measure`; the observation programs, cases an
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import json
 import linecache
 import math
 import textwrap
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -467,12 +465,5 @@ MOVED = moved.table([
 ])
 
 
-def __getattr__(name: str) -> Any:
-    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
-    home = MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if moved.first_read(__name__, name):
-        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)
+__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here
 

@@ -64,9 +64,7 @@ module are answered from their new home (`MOVED`), for a notebook released befor
 
 from __future__ import annotations
 
-import importlib
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -544,11 +542,4 @@ MOVED = moved.table([
 ])
 
 
-def __getattr__(name: str) -> Any:
-    """A name that moved out of this contract (`MOVED`), read from where it lives now."""
-    home = MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if moved.first_read(__name__, name):
-        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)
+__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

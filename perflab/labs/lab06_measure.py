@@ -10,7 +10,6 @@ them; the grader-only judges run `measure_accuracy` on the exported FINAL. Impor
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -163,11 +162,4 @@ MOVED = moved.table([("perflab.labs.lab06_memory", (
     "memory_vs_batch", "largest_batch", "needs_checkpointing"))])
 
 
-def __getattr__(name: str) -> Any:
-    """A name that moved out of this module (`MOVED`), read from where it lives now."""
-    home = MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if moved.first_read(__name__, name):
-        warnings.warn(moved.message(__name__, name, home), moved.MovedNameWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)
+__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

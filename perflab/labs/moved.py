@@ -13,7 +13,10 @@ so a released notebook must stay silent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class MovedNameWarning(PendingDeprecationWarning):
@@ -40,3 +43,17 @@ def message(module: str, name: str, home: str) -> str:
 def table(moves: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
     """{name: module} from (module, names) pairs: a contract's MOVED, grouped by where the names went."""
     return {name: home for home, names in moves for name in names}
+
+
+def lookup(module: str, moves: dict[str, str]) -> Callable[[str], Any]:
+    """The module-level `__getattr__` of `module`: a name in `moves` read from where it lives now,
+    warning once; any other name an AttributeError."""
+    def __getattr__(name: str) -> Any:
+        home = moves.get(name)
+        if home is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if first_read(module, name):
+            warnings.warn(message(module, name, home), MovedNameWarning, stacklevel=2)
+        return getattr(importlib.import_module(home), name)
+
+    return __getattr__
