@@ -144,6 +144,37 @@ def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothi
     assert mark.fraction == 0.0 and "saves should be" in mark.message
 
 
+def test_the_grader_measures_savings_in_a_child_process_and_a_failed_measurement_costs_the_student_nothing(
+        monkeypatch) -> None:
+    """The savings are measured in a fresh process (torch's thread count is one per process, and the grader
+    grades notebooks on threads); when that process fails, a finding is judged on line and type, and the
+    mark says the savings were not checked."""
+    import subprocess
+
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def spy(cmd: list[str], **kwargs: Any) -> Any:
+        calls.append(cmd)
+        return real_run(cmd, **kwargs)
+
+    judges.measured_savings.cache_clear()
+    monkeypatch.setattr(subprocess, "run", spy)
+    savings = judges.measured_savings("dave", "tiny")
+    assert calls and "measure_savings_here" in calls[0][2] and calls[0][3:] == ["dave", "tiny"]
+    assert set(savings) == {p.key for p in mystery.for_student("dave", "tiny").planted}
+
+    def broken(cmd: list[str], **kwargs: Any) -> Any:
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nMemoryError: out of memory\n")
+
+    judges.measured_savings.cache_clear()
+    monkeypatch.setattr(subprocess, "run", broken)
+    right = [_finding(p.lines[-1], p.kind, p.function, 0.5) for p in mystery.for_student("dave").planted]
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": right}, "dave")
+    assert mark.fraction == 1.0 and "savings not checked" in mark.message and "MemoryError" in mark.message
+    judges.measured_savings.cache_clear()
+
+
 def test_an_honest_saving_measured_with_the_labs_helper_agrees_with_the_graders(tiny_data, tmp_path) -> None:
     """What `lab01_mystery.saving` measures of a copy with one fix is what the grader measures of that bug."""
     student = "erin"

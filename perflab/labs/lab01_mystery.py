@@ -39,6 +39,7 @@ import json
 import math
 import os
 import re
+import statistics
 import time
 import types
 import warnings
@@ -55,7 +56,8 @@ PIPELINE_FILE = mystery.FILENAME
 TRACE_KEYS = ("step_ms", "data_share", "backward_share", "top_backward")
 PHASES = ("data", "forward", "backward", "optimizer")
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
-SAVING_FACTOR = 2.5  # how far a finding's measured saving may sit from the grader's (see perflab/labs/hidden/mystery.py)
+SAVING_ROUNDS = 8  # interleaved rounds of `savings`, the student's and the grader's alike
+SAVING_FACTOR = 2.0  # how far a finding's measured saving may sit from the grader's (see perflab/labs/hidden/mystery.py)
 RUN_LABEL = "run "  # the pipeline labels its data phase "run <RUN_ID>": whose pipeline a trace shows
 # What the probes send up: a fixed pipeline and a trace's events are small, but bounded.
 MAX_SOURCE_CHARS = 256 * 1024
@@ -394,16 +396,17 @@ def quick_speedup(planted: str | os.PathLike[str], fixed: str | os.PathLike[str]
     return best[0] / best[1]
 
 
-def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]], steps: int = 1, rounds: int = 4,
-            seed: int = 0) -> list[float]:
+def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]], steps: int = 1,
+            rounds: int = SAVING_ROUNDS, seed: int = 0) -> list[float]:
     """What each copy in `fixed` saves of the planted pipeline's step time: 1 - t(copy) / t(planted),
-    the planted pipeline timed once beside all the copies (interleaved rounds of `steps`-step blocks
-    after a warm-up step each, the fastest block of each: noise only adds time), on the torch thread
-    count the grader measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in
-    this thread's CPU time: on one torch thread that is the step's work, which other programs and
-    threads sharing the machine (a grader running two notebooks at once, the kernel's own threads) do
-    not inflate as they do wall time. Give it
-    one copy per fix, each with only that fix, to measure each bug alone."""
+    the planted pipeline timed beside all the copies in `rounds` interleaved rounds of one `steps`-step
+    block each (after a warm-up step each), the saving the median over rounds of each round's
+    1 - t(copy) / t(planted): a slowdown that lasts a round hits both sides of that round, and one
+    that hits a single block moves a single round. Timed on the torch thread count the grader
+    measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in this thread's CPU
+    time: on one torch thread that is the step's work, which other programs and threads sharing the
+    machine do not inflate as they do wall time. The grader measures with this same function. Give
+    it one copy per fix, each with only that fix, to measure each bug alone."""
     import torch
 
     from perflab.verify.protocol import VERIFY_THREADS
@@ -416,21 +419,22 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
             sides = [load_pipeline(path).make_step(seed) for path in (planted, *fixed)]
             for step in sides:
                 step()
-            best = [math.inf] * len(sides)
+            times: list[list[float]] = [[] for _ in sides]
             order = list(range(len(sides)))
             for r in range(rounds):
                 for i in order if r % 2 == 0 else order[::-1]:
                     start = time.thread_time()
                     for _ in range(steps):
                         sides[i]()
-                    best[i] = min(best[i], time.thread_time() - start)
+                    times[i].append(time.thread_time() - start)
     finally:
         torch.set_num_threads(threads)
-    return [1.0 - b / best[0] for b in best[1:]]
+    return [statistics.median(1.0 - t / base for t, base in zip(copy, times[0], strict=True))
+            for copy in times[1:]]
 
 
-def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 1, rounds: int = 4,
-           seed: int = 0) -> float:
+def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 1,
+           rounds: int = SAVING_ROUNDS, seed: int = 0) -> float:
     """What one copy saves of the planted pipeline's step time (`savings` of one copy)."""
     return savings(planted, [fixed], steps=steps, rounds=rounds, seed=seed)[0]
 
