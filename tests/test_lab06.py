@@ -542,6 +542,7 @@ def test_the_accuracy_run_trains_both_at_the_accuracy_image_size(monkeypatch: py
         def close(self) -> None:
             pass
 
+    lab06_measure.trained_accuracy.cache_clear()
     monkeypatch.setattr(workload, "build", lambda config: built.append(config) or Work())
     monkeypatch.setattr(workload, "train_step", lambda work: (0.5, []))
     monkeypatch.setattr(workload, "evaluate", lambda work: 0.4)
@@ -550,6 +551,23 @@ def test_the_accuracy_run_trains_both_at_the_accuracy_image_size(monkeypatch: py
     base = lab06.baseline_config("laptop")
     acc = lab06_measure.measure_accuracy(base, base.replace(amp_dtype="bf16"), 3, image_size=s.accuracy_image_size)
     assert [c.image_size for c in built] == [32, 32] and built[1].amp_dtype == "bf16" and acc["steps"] == 3
+    lab06_measure.trained_accuracy.cache_clear()
+
+
+def test_the_graders_accuracy_check_fails_a_configuration_that_stopped_learning() -> None:
+    """At grade sizes the grader's accuracy run trains where accuracy moves off chance (8 steps at 64 px
+    compared two models near chance, which any configuration passed): one that no longer learns (a
+    learning rate of 1e-9) loses more than the tolerance, and the baseline is trained once per process."""
+    s = lab06.sizes("grade")
+    assert s.accuracy_image_size == 32 and s.accuracy_steps >= 100
+    base = lab06.baseline_config("grade")
+    lab06_measure.trained_accuracy.cache_clear()
+    acc = lab06_measure.measure_accuracy(base, base.replace(lr=1e-9), s.accuracy_steps, image_size=s.accuracy_image_size)
+    problems = lab06.accuracy_problems(acc)
+    assert acc["baseline"] > 0.2 and problems and "lost" in problems[0], acc
+    again = lab06_measure.measure_accuracy(base, base, s.accuracy_steps, image_size=s.accuracy_image_size)
+    assert again["final"] == again["baseline"] == acc["baseline"] and lab06.accuracy_problems(again) == []
+    assert lab06_measure.trained_accuracy.cache_info().misses == 2
 
 
 def test_a_fed_baseline_keeps_its_loader_in_the_reference_plan(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -175,6 +175,21 @@ def test_the_grader_measures_savings_in_a_child_process_and_a_failed_measurement
     judges.measured_savings.cache_clear()
 
 
+def test_a_negative_saving_reads_as_none_and_agrees_only_with_a_bug_that_costs_little() -> None:
+    """Fixing a bug cannot slow a step: an honest reading below zero is noise around a cheap bug (the
+    demo's reference read -0.105 for a bug the grader measured at 0.05, graded beside another notebook)."""
+    planted = mystery.for_student("bob").planted
+    cheap = next(p for p in planted if p.key == "batch_history")
+    costly = next(p for p in planted if p.key == "grad_histograms")
+    savings = {p.key: 0.2 for p in planted} | {cheap.key: 0.05, costly.key: 0.4}
+    findings = [_finding(p.lines[-1], p.kind, p.function, savings[p.key]) for p in planted]
+    assert judges.score_diagnosis(findings, planted, savings).fraction == 1.0
+    noisy = [dict(f, saves=-0.105) if f["line"] == cheap.lines[-1] else f for f in findings]
+    assert judges.score_diagnosis(noisy, planted, savings).fraction == 1.0
+    wrong = [dict(f, saves=-0.105) if f["line"] == costly.lines[-1] else f for f in findings]
+    assert costly.key in judges.score_diagnosis(wrong, planted, savings).unmeasured
+
+
 def test_an_honest_saving_measured_with_the_labs_helper_agrees_with_the_graders(tiny_data, tmp_path) -> None:
     """What `lab01_mystery.saving` measures of a copy with one fix is what the grader measures of that bug."""
     student = "erin"
@@ -418,6 +433,7 @@ def test_a_fix_that_stops_training_after_the_gate_earns_nothing(when: str, tiny_
     mark = _fix_mark(student, cheat, claim=2.09)
     assert mark.fraction == 0.0 and mark.verdict is not None, mark.message
     assert mark.verdict["verdict"] == "fail" and "(timed steps)" in mark.message, mark.message
+    assert mark.flag, "work skipped after the gate is a cheat a person should see"
 
 
 def test_another_ids_fixed_copy_does_not_train_as_this_pipeline(tiny_data) -> None:

@@ -238,15 +238,33 @@ class FakeClock:
         self.now += seconds
 
 
+def decision_bar(expectation: Any) -> Any:
+    """The bar for a student's decision (lab 2's BEST, lab 5's CHOICE, lab 6's FINAL): never below
+    parity. A calibration that found the reference slower on this hardware (a "cost" bar, right for
+    checkpointing, which trades time for memory on purpose) says that keeping the change is the wrong
+    decision here, so what the student keeps must at least not cost time."""
+    from perflab.verify.expectations import PARITY_BAR
+
+    if expectation.kind != "cost" or expectation.threshold >= PARITY_BAR:
+        return expectation
+    return dataclasses.replace(
+        expectation, threshold=PARITY_BAR, kind="parity",
+        reason=(f"a decision is held to parity ({PARITY_BAR}) at least: the reference of {expectation.name} costs "
+                f"time on this hardware ({expectation.reason}), so keeping it is no gain here"))
+
+
 def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, claim: float | None = None,
                        max_pairs: int | None = None, max_seconds: float | None = None,
-                       runner: Any = None, measure_activations: bool = False) -> tuple[Any, Any]:
+                       runner: Any = None, measure_activations: bool = False,
+                       decision: bool = False) -> tuple[Any, Any]:
     """Re-measure `candidate` against `baseline` in a fresh interpreter (`perflab.verify.verify`),
     held to the bar calibrated for this hardware under `expectation_name`, inside the grading
     machine's timing lock. `max_pairs` caps the protocol's pairs (None: its own budget; the tiny
     mode's cap), `max_seconds` the timed seconds with it (default 30). `runner` runs the verify child
     (default: a local process; the grader passes its sandbox for a candidate of student code).
     `measure_activations` also re-measures the activation bytes of one training step of each side.
+    `decision`: the candidate is what the student decided to keep, held at least to parity
+    (`decision_bar`).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -260,6 +278,8 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, 
     else:
         expectation = load_expectation(expectation_name,
                                        workload=baseline if isinstance(baseline, TrainConfig) else None)
+    if decision:
+        expectation = decision_bar(expectation)
     if in_grading_kernel():
         return Verdict("deferred", "deferred", DEFERRED_REASON, expectation.threshold, claim=claim), expectation
     budget = None

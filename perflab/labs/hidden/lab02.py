@@ -159,7 +159,7 @@ def judge_best_verified(observed: Any, ctx: Context) -> Mark:
     s = lab02.sizes(ctx.mode)
     verdict, expectation = common.verify_against_bar(lab02.baseline_config(ctx.mode), best, lab02.EXPECTATION,
                                                      claim=claim, max_pairs=s.verify_max_pairs,
-                                                     max_seconds=s.verify_seconds)
+                                                     max_seconds=s.verify_seconds, decision=True)
     return common.mark_of(verdict, expectation)
 
 

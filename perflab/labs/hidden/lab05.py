@@ -266,7 +266,7 @@ def judge_choice(observed: Any, ctx: Context) -> Mark:
     baseline, candidate = lab05.sides(choice, ctx.mode)
     verdict, expectation = common.verify_against_bar(baseline, candidate, lab05.expectation_name(ctx.mode),
                                                      claim=claim, max_pairs=s.verify_max_pairs,
-                                                     max_seconds=s.verify_seconds)
+                                                     max_seconds=s.verify_seconds, decision=True)
     return common.mark_of(verdict, expectation)
 
 

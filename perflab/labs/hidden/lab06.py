@@ -200,7 +200,7 @@ def judge_final_verified(observed: Any, ctx: Context) -> Mark:
     s = lab06.sizes(ctx.mode)
     verdict, expectation = common.verify_against_bar(lab06.baseline_config(ctx.mode), final, lab06.EXPECTATION,
                                                      claim=claim, max_pairs=s.verify_max_pairs,
-                                                     max_seconds=s.verify_seconds)
+                                                     max_seconds=s.verify_seconds, decision=True)
     return common.mark_of(verdict, expectation)
 
 

@@ -164,7 +164,9 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
         matched.append((hit, finding))
     unmeasured: list[str] = []
     if savings is not None:
-        said = {p.key: float(f.get("saves", math.nan)) for p, f in matched}
+        # A fix cannot make a step slower: a negative reading is noise around a bug that costs little
+        # (an honest -0.105 for a memory bug measured at 0.05, in a notebook graded beside another).
+        said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
         for p, _ in matched:
             truth, own = savings[p.key], said[p.key]
             misordered = any(_clearly_apart(truth, savings[q.key]) and (truth > savings[q.key]) != (own > said[q.key])

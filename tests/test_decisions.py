@@ -1,0 +1,72 @@
+"""A student's decision (lab 2's BEST, lab 5's CHOICE, lab 6's FINAL) is graded on what the grading
+machine measures, not on a rule: keeping a change that costs time there loses the cell, even where the
+calibration file holds a "cost" bar for that change (right for checkpointing, which trades time for
+memory on purpose; wrong for a decision, where the right answer on such a machine is to leave it out)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perflab import env
+from perflab.grading.judging import Context
+from perflab.labs import common, lab05
+from perflab.labs.hidden import lab05 as hidden05
+from perflab.verify import load_expectation
+from perflab.verify.expectations import EXPECTATIONS_ENV, PARITY_BAR, Expectation
+from perflab.workload import TrainConfig
+
+CALIBRATED = Path(__file__).resolve().parents[1] / "autograder" / "expectations" / "cpu-bf16.json"
+# ResNet-18 compiled on a CPU at the kit's tiny size: compiling costs time here (cpu-bf16 calibrated
+# the reference compile at 0.56x, CI 0.54-0.59, and wrote a "cost" bar of 0.43 for it).
+TINY_CPU = TrainConfig(data="tiny", image_size=32, batch_size=8, device="cpu")
+
+
+def test_a_decision_is_never_held_to_a_cost_bar() -> None:
+    cost = Expectation("compile", 0.434, "cost", "cpu-bf16", True, "calibrated on cpu-bf16: reference 0.56x")
+    held = common.decision_bar(cost)
+    assert held.threshold == PARITY_BAR and held.kind == "parity" and "costs time" in held.reason
+    for kept in (Expectation("num_workers", 1.1, "gain", "x", True, ""),
+                 Expectation("channels_last", PARITY_BAR, "parity", "x", True, "")):
+        assert common.decision_bar(kept) is kept
+
+
+def test_the_verifiers_bar_for_a_decision_is_raised_but_checkpointings_cost_bar_is_not(monkeypatch) -> None:
+    """Through `verify_against_bar` as the judges call it (in a grading kernel, which defers the timing)."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv(common.REMEASURED_ENV, "1")
+    bar = load_expectation("compile", "cpu-bf16", workload=TINY_CPU, directory=CALIBRATED.parent)
+    assert bar.kind == "cost" and bar.threshold < PARITY_BAR  # the committed file's bar for compile here
+    monkeypatch.setattr("perflab.verify.load_expectation", lambda name, workload=None: bar)
+    _, decided = common.verify_against_bar(TINY_CPU, TINY_CPU.replace(compile_mode="default"), "compile",
+                                           decision=True)
+    _, measured = common.verify_against_bar(TINY_CPU, TINY_CPU.replace(checkpoint_stages=2), "compile")
+    assert decided.threshold == PARITY_BAR and measured.threshold == bar.threshold
+
+
+@pytest.fixture()
+def compile_costs_here(tmp_path, monkeypatch) -> Expectation:
+    """This machine, with the committed CPU calibration (compile a cost) as its own, grading lab 5 on
+    ResNet-18 at the tiny size (as it would on a GPU in grade mode)."""
+    doc = json.loads(CALIBRATED.read_text())
+    hw = env.machine_info().hardware_class
+    (tmp_path / f"{hw}.json").write_text(json.dumps({**doc, "hardware_class": hw}))
+    monkeypatch.setenv(EXPECTATIONS_ENV, str(tmp_path))
+    monkeypatch.setattr(lab05, "graded_workload", lambda mode=None, device=None: "resnet18")
+    monkeypatch.setattr(lab05, "resnet_config", lambda mode=None: TINY_CPU)
+    bar = load_expectation(lab05.EXPECTATION_RESNET, workload=TINY_CPU)
+    assert bar.kind == "cost", bar
+    return bar
+
+
+def test_compiling_by_rule_where_compiling_costs_time_loses_and_measuring_earns(compile_costs_here) -> None:
+    """The rule of thumb (compile: it is faster) on a machine where it is not, against the reference's
+    measured decision (None: do not compile), both re-measured by the grader."""
+    ctx = Context(lab05.LAB, 0, "tiny")
+    by_rule = hidden05.judge_choice({"choice": lab05.REFERENCE_MODE, "claim": 1.3}, ctx)
+    assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
+    assert by_rule.verdict["speedup"] < PARITY_BAR, by_rule.verdict
+    measured = hidden05.judge_choice({"choice": None, "claim": 1.0}, ctx)
+    assert measured.fraction == 1.0, measured.message
