@@ -43,6 +43,10 @@ class Bug:
     init: tuple[str, ...] = ()  # state it needs, in Trainer.__init__
     accepts: tuple[str, ...] = ()  # other bottleneck types a diagnosis may fairly name
     helpers: tuple[str, ...] = ()  # template functions whose lines also locate it (what it calls)
+    # Whether fixing it saves step time. A bug that only holds memory does not: what its fix "saves"
+    # of a step is the allocator's page faults, which depend on the process's history (the grader's
+    # fresh process read 0.05-0.10 where the student's kernel read -0.1-0.0).
+    costs_time: bool = True
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -99,7 +103,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "memory", "memory profiler",
         "resident memory grows by one batch every step and is never given back: every batch stays referenced",
         "keep what the analysis needs (the indices, or the predictions), not the image batches",
-        init=("self.seen = []",)),
+        init=("self.seen = []",), costs_time=False),
 )
 
 BY_KEY = {bug.key: bug for bug in CATALOGUE}

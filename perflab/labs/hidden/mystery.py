@@ -147,8 +147,9 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
                     savings: Mapping[str, float] | None = None) -> DiagnosisScore:
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
     bug count once); the type counts where the location does. With `savings` (the grader's measurement,
-    bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
-    order against the other located bugs agrees where the grader's savings differ clearly. Findings at
+    bug key -> saving), a located finding of a bug that costs time counts only when its `saves` agrees
+    with the bug's and its order against the other such bugs agrees where the grader's savings differ
+    clearly (a bug that only holds memory is judged on its line and type). Findings at
     no planted line each take LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
     matched: list[tuple[mystery.Planted, Mapping[str, Any]]] = []
@@ -167,10 +168,11 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
         # A fix cannot make a step slower: a negative reading is noise around a bug that costs little
         # (an honest -0.105 for a memory bug measured at 0.05, in a notebook graded beside another).
         said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
-        for p, _ in matched:
+        timed = [p for p, _ in matched if BY_KEY[p.key].costs_time]  # a memory-only bug: line and type
+        for p in timed:
             truth, own = savings[p.key], said[p.key]
             misordered = any(_clearly_apart(truth, savings[q.key]) and (truth > savings[q.key]) != (own > said[q.key])
-                             for q, _ in matched if q.key != p.key)
+                             for q in timed if q.key != p.key)
             if not saving_agrees(own, truth) or misordered:
                 unmeasured.append(p.key)
     counted = [(p, f) for p, f in matched if p.key not in unmeasured]
