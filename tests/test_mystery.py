@@ -172,6 +172,7 @@ def test_the_grader_measures_savings_in_a_child_process_and_a_failed_measurement
         return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nMemoryError: out of memory\n")
 
     judges.measured_savings.cache_clear()
+    monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
     monkeypatch.setattr(subprocess, "run", broken)
     right = [_finding(p.lines[-1], p.kind, p.function, 0.5) for p in mystery.for_student("dave").planted]
     mark = _mark("mystery_diagnosis", {"DIAGNOSIS": right}, "dave")

@@ -46,11 +46,13 @@ SAVING_FACTOR = lab01_mystery.SAVING_FACTOR
 SAVING_SLACK = 0.05
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
-# Whether a finding's line and type count only with an agreeing saving (on; the tests turn it off to
-# judge line and type alone). Measured in the grader's own process, the savings were not reliable while
-# it graded two notebooks at once (an honest part 10 lost 2.7 to 8 of 8 in three demo runs), so the
-# grader measures in a fresh child process (`measured_savings`).
-GATE_ON_SAVINGS = True
+# Whether a finding's line and type count only with an agreeing saving. Measured in the grader's own
+# process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
+# 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`).
+# Off by default until a clean-clone CI passes with it on: with it on, one CI run failed a test early in
+# the suite (most likely the demo's marker, graded beside another notebook) that passed when re-run
+# alone. The tests turn it on.
+GATE_ON_SAVINGS = False
 # How long the grader's measuring child may take (tiny mode: about 8 s here).
 SAVING_TIMEOUT_S = 180.0
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
