@@ -383,15 +383,21 @@ def test_only_torch_profilers_trace_of_the_students_own_pipeline_earns_the_trace
             e["name"] = f"run {ivan.run_id}"
     relabelled = tmp_path / "relabelled.json"
     relabelled.write_text(json.dumps(theirs))
-    shortened = json.loads(real_traces["ivan"].read_text())  # a step's duration edited to fit an answer
+    shortened = json.loads(real_traces["ivan"].read_text())  # a step's duration edited to fit an answer:
     step = next(e for e in shortened["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#"))
-    step["dur"] = step["dur"] / 2
+    forward = next(e for e in shortened["traceEvents"] if e.get("name") == "forward" and e["ts"] >= step["ts"])
+    step["dur"] = forward["ts"] + forward["dur"] / 2 - step["ts"]  # ends inside its forward label
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(shortened))
+    halved = json.loads(real_traces["ivan"].read_text())  # halved: it may end between two labels
+    step = next(e for e in halved["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#"))
+    step["dur"] = step["dur"] / 2
+    halved_path = tmp_path / "halved.json"
+    halved_path.write_text(json.dumps(halved))
     stripped = tmp_path / "stripped.json"  # the real events without the profiler's metadata
     stripped.write_text(json.dumps({"traceEvents": real["traceEvents"]}))
     for path, why in ((forged, "metadata"), (forged_meta, "edited trace"), (relabelled, "another pipeline"),
-                      (edited, "edited trace"), (stripped, "metadata")):
+                      (edited, "edited trace"), (stripped, "metadata"), (halved_path, "")):
         mark = _trace_mark("ivan", path)
         assert mark.fraction == 0.0 and "not torch.profiler's trace of your pipeline" in mark.message, (path, mark)
         assert why in mark.message and "\n" not in mark.message, mark.message
