@@ -68,5 +68,5 @@ def test_compiling_by_rule_where_compiling_costs_time_loses_and_measuring_earns(
     by_rule = hidden05.judge_choice({"choice": lab05.REFERENCE_MODE, "claim": 1.3}, ctx)
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
     assert by_rule.verdict["speedup"] < PARITY_BAR, by_rule.verdict
-    measured = hidden05.judge_choice({"choice": None, "claim": 1.0}, ctx)
+    measured = hidden05.judge_choice({"choice": None, "claim": 1.0, "why": "compile's CI sat below parity here"}, ctx)
     assert measured.fraction == 1.0, measured.message

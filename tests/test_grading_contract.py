@@ -82,7 +82,7 @@ def test_missing_and_failed_probes_score_zero_with_a_reason() -> None:
 
 
 def test_observations_made_for_another_seed_fail() -> None:
-    from perflab.labs import lab02
+    from perflab.labs import lab02_probes
 
     def pick(sweep, tolerance=0.05):
         if not sweep or min(sweep) < 0 or not all(v > 0 for v in sweep.values()):
@@ -91,7 +91,7 @@ def test_observations_made_for_another_seed_fail() -> None:
         return min(n for n, v in sweep.items() if v >= (1 - tolerance) * best)
 
     gid = "test_pick_workers"
-    observed = probing.run_probes({gid: lab02.PROBES[gid]}, {"pick_workers": pick}, seed=11)
+    observed = probing.run_probes({gid: lab02_probes.PROBES[gid]}, {"pick_workers": pick}, seed=11)
     judge = judging.judges_for("lab02_feed")[gid]
     assert judging.judge_cell(gid, judge, judging.Context("lab02_feed", 11, "tiny", observed)).fraction == 1.0
     assert judging.judge_cell(gid, judge, judging.Context("lab02_feed", 12, "tiny", observed)).fraction == 0.0

@@ -71,3 +71,19 @@ def test_no_markdown_cell_announces_a_measured_figure(notebook: Path) -> None:
     assert not found, (f"{notebook.relative_to(ROOT)} states measured figures a student has not measured; compute "
                        "them in the notebook or mark them 'on the reference machine, for instance':\n"
                        + "\n".join(found))
+
+
+LABS = ("lab01_measure", "lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_hardware_note_announces_a_result(lab: str) -> None:
+    """The note a lab prints at its top, before anything is measured, says what the hardware offers,
+    not what it will give ("compiling costs about 90 s and gains nothing")."""
+    from perflab.labs import common
+
+    notes = common.lab_hardware_notes(lab)
+    assert notes, f"{lab} has no hardware notes"
+    found = [f"{device}: {sentence}" for device, note in notes.items() for sentence in announced(note)]
+    found += [f"{device}: {note}" for device, note in notes.items() if re.search(r"\bexpect\b", note, re.I)]
+    assert not found, f"{lab}'s HARDWARE_NOTES announce results:\n" + "\n".join(found)

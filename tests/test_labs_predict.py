@@ -65,3 +65,44 @@ def test_each_prediction_has_a_probe_and_a_judge(contract, probes, hidden) -> No
         hidden.JUDGES[grade_id](observed, None)
         with pytest.raises(AssertionError, match=name):
             hidden.JUDGES[grade_id](probes.PROBES[grade_id]({why: WHY}, 0), None)
+
+
+def test_a_decision_without_its_why_earns_half_of_its_re_measured_cell() -> None:
+    """BEST (lab 2) and CHOICE (lab 5) are read with their one line of why, through the real probes; the
+    re-measured mark keeps its verdict and its reason, halved where the why is missing."""
+    from perflab.grading.marks import Mark
+
+    best = lab02.baseline_config("tiny")
+    for probe, answers, why_name in ((lab02_probes.PROBES["test_best_verified"], {"BEST": best, "CLAIM": 1.0}, "WHY_BEST"),
+                                     (lab05_probes.PROBES["test_choice_verified"], {"CHOICE": None, "CLAIM": 1.0},
+                                      "WHY_CHOICE")):
+        passed = Mark(1.0, "pass: 1.02x", {"verdict": "pass"})
+        for why in (None, "", "ok", 7):
+            observed = json.loads(json.dumps(probe({**answers, why_name: why}, 0)))  # what crosses the boundary
+            halved = predict.with_reason(passed, why_name, observed["why"], "why")
+            assert halved.fraction == 0.5 and halved.verdict == passed.verdict, halved
+            assert halved.message.startswith("pass: 1.02x; " + why_name) and "half of this cell" in halved.message
+        observed = json.loads(json.dumps(probe({**answers, why_name: WHY}, 0)))
+        assert predict.with_reason(passed, why_name, observed["why"], "why") is passed
+        failed = Mark(0.0, "fail: 0.8x")
+        assert predict.with_reason(failed, why_name, None, "why").fraction == 0.0
+
+
+def test_the_decision_judges_halve_a_passing_re_measurement_without_a_why(monkeypatch) -> None:
+    """judge_best_verified and judge_choice as the grader calls them, the re-measurement stubbed to a pass."""
+    from types import SimpleNamespace
+
+    from perflab.grading.judging import Context
+    from perflab.labs import common
+    from perflab.verify.expectations import Expectation
+
+    verdict = SimpleNamespace(outcome="pass", speedup=1.2, ci=(1.1, 1.3), claim=1.2, reason="clears 0.90x", code="")
+    bar = Expectation("x", 0.9, "parity", "cpu", False, "parity")
+    monkeypatch.setattr(common, "verify_against_bar", lambda *a, **k: (verdict, bar))
+    best = {"type": "TrainConfig", "config": lab02.baseline_config("tiny").to_dict(), "claim": 1.2}
+    for judge, observed, lab in ((hidden02.judge_best_verified, best, lab02.LAB),
+                                 (hidden05.judge_choice, {"choice": None, "claim": 1.0}, lab05.LAB)):
+        ctx = Context(lab, 0, "tiny")
+        assert judge({**observed, "why": WHY}, ctx).fraction == 1.0
+        half = judge(observed, ctx)
+        assert half.fraction == 0.5 and "WHY_" in half.message, half

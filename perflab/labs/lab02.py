@@ -29,6 +29,10 @@ The student writes four things in `solutions/lab02_feed` (the notebook); the tes
         only (LOADER_FIELDS): the grader re-measures it against `baseline_config()` in a fresh
         process with `perflab.verify`. `CLAIM` is the speedup measured in the notebook.
 
+    WHY_BEST: str
+        One line (at least three words) of why the notebook's measurements make BEST the loader: a
+        person reads it; without one the re-measured cell earns half (`predict.with_reason`).
+
     PREDICT_WORKERS, WHY_WORKERS; PREDICT_CROWDED, WHY_CROWDED (PREDICTIONS)
         Written before the sweep and before the crowded-threads run: a positive number (the training
         speedup of workers over none) and one line of why. Graded on being there, never on being right

@@ -90,9 +90,9 @@ AMP_FIELDS = ("amp_dtype", "channels_last")
 # What this lab can promise on each device kind (`common.hardware_statement` prints it).
 HARDWARE_NOTES = {
     "cuda": "fp16 and bf16 autocast run on tensor cores where the GPU has them (Volta+ fp16, Ampere+ bf16 "
-            "and TF32): expect a real gain; the GradScaler is shown at work with fp16.",
-    "mps": "fp16 (and bf16 on recent macOS) autocast runs on the Apple GPU; the gain depends on the chip, "
-           "from none to modest.",
+            "and TF32), where a real gain is possible; the GradScaler is shown at work with fp16.",
+    "mps": "fp16 (and bf16 on recent macOS) autocast runs on the Apple GPU; whether it gains depends on "
+           "the chip, which is what you measure.",
     "cpu": "only bf16 autocast is timed on a CPU: a real gain is possible with AMX or AVX-512-BF16 units, a "
            "slowdown where bf16 is emulated; fp16 runs only in the checks.",
 }

@@ -135,7 +135,7 @@ REPORT_FILE = "report.html"
 # What this lab can promise on each kind of device (printed by common.hardware_statement).
 HARDWARE_NOTES = {
     "cuda": "the full chain can pay here: data that keeps up (the training set kept on the GPU), bf16 (or "
-            "fp16) with channels_last on tensor cores, and torch.compile; expect a large cumulative speedup.",
+            "fp16) with channels_last on tensor cores, and torch.compile; the ablation measures what each adds here.",
     "mps": "loader workers and fp16 autocast may pay; pinned memory does nothing on shared memory, and "
            "compiling is not screened here.",
     "cpu": "loader workers compete with the model for the same cores and bf16 pays only with bf16 "

@@ -21,11 +21,34 @@ def problems(name: str, value: Any, why_name: str, why: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
         found.append(f"{name}: write your prediction as a positive number (math.inf where that is the answer) "
                      f"before you measure, got {value!r}")
+    found += reason_problems(why_name, why, f"why you expect {name}")
+    return found
+
+
+def reason_problems(why_name: str, why: Any, what: str) -> list[str]:
+    """What keeps `why` (the notebook's `why_name`) from being one line of reason for `what`."""
     words = why.split() if isinstance(why, str) else []
     if len(words) < MIN_WHY_WORDS:
-        found.append(f"{why_name}: one line (at least {MIN_WHY_WORDS} words) of why you expect {name}, "
-                     f"got {why!r}")
-    return found
+        return [f"{why_name}: one line (at least {MIN_WHY_WORDS} words) of {what}, got {short(why)}"]
+    return []
+
+
+def short(value: Any, width: int = 80) -> str:
+    """`value`'s repr, cut to `width` characters."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def with_reason(mark: Any, why_name: str, why: Any, what: str) -> Any:
+    """A decision's re-measured mark with its reason judged: the mark as it is when `why` is a reason,
+    else half of it, with the line that says what is missing. A decision is worth its why."""
+    from dataclasses import replace
+
+    found = reason_problems(why_name, why, what)
+    if not found:
+        return mark
+    return replace(mark, fraction=mark.fraction / 2,
+                   message="; ".join(m for m in (mark.message, found[0] + " (half of this cell)") if m))
 
 
 def check(name: str, value: Any, why_name: str, why: Any) -> None:

@@ -27,7 +27,7 @@
 # | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 10 |
 # | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 4 |
 # | `BEST` | your fastest loader, as `BASELINE.replace(...)` of loader knobs only; it must consume the baseline's samples | 10 |
-# | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware | 15 |
+# | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware; half without `WHY_BEST`, one line of why | 15 |
 # | four written answers | reasoning from your own measurements | 20 |
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
@@ -580,6 +580,9 @@ else:
 # workers fill their queue; a short block would then read those batches at no cost, so loader
 # configurations are compared in blocks long enough, each after its queue is drained
 # (`lab02_measure.loader_pace`). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
+# Beside it, set `WHY_BEST` to one line of why your measurements make it your loader (which
+# figures, and what they showed): a person reads it, and a decision without one earns half of its
+# re-measured cell.
 #
 # The next cells measure your speedup (`CLAIM`) with `perflab.timing.compare` (interleaved blocks
 # of training steps, bootstrap CI), check that `BEST` consumes the baseline's samples pixel for pixel
@@ -589,6 +592,7 @@ else:
 # %% nbgrader={"grade": false, "grade_id": "best", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
 BEST = BASELINE
+WHY_BEST = "my sweep found no worker count faster than none here, so the baseline loader stays"
 _chosen = pick_workers(train_sweep)
 if _chosen > 0:
     _candidate = BASELINE.replace(num_workers=_chosen, persistent_workers=True, prefetch_factor=CHOSEN_PREFETCH,
@@ -599,10 +603,16 @@ if _chosen > 0:
     _a.close()
     _b.close()
     print(_check)
+    _ci = _check.ci()
+    WHY_BEST = (f"the sweep chose {_chosen} workers, and the interleaved comparison read {_check.speedup:.2f}x "
+                f"(95% CI {_ci.low:.2f}-{_ci.high:.2f}): "
+                + ("a real gain, so I keep them" if _check.verdict() == timing.B_FASTER else
+                   "no clear gain, so the baseline loader stays"))
     if _check.verdict() == timing.B_FASTER:
         BEST = _candidate
 ### END SOLUTION
 print(BEST)
+print("why:", globals().get("WHY_BEST", "(no WHY_BEST written: the re-measured cell would earn half)"))
 
 # %%
 base_work, best_work = workload.build(BASELINE), workload.build(BEST)

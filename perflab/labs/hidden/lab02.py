@@ -160,7 +160,8 @@ def judge_best_verified(observed: Any, ctx: Context) -> Mark:
     verdict, expectation = common.verify_against_bar(lab02.baseline_config(ctx.mode), best, lab02.EXPECTATION,
                                                      claim=claim, max_pairs=s.verify_max_pairs,
                                                      max_seconds=s.verify_seconds, decision=True)
-    return common.mark_of(verdict, expectation)
+    return predict.with_reason(common.mark_of(verdict, expectation), "WHY_BEST", observed.get("why"),
+                               "why your measurements make BEST your loader")
 
 
 JUDGES = {

@@ -267,7 +267,8 @@ def judge_choice(observed: Any, ctx: Context) -> Mark:
     verdict, expectation = common.verify_against_bar(baseline, candidate, lab05.expectation_name(ctx.mode),
                                                      claim=claim, max_pairs=s.verify_max_pairs,
                                                      max_seconds=s.verify_seconds, decision=True)
-    return common.mark_of(verdict, expectation)
+    return predict.with_reason(common.mark_of(verdict, expectation), "WHY_CHOICE", observed.get("why"),
+                               "why your measurements support CHOICE")
 
 
 JUDGES = {
