@@ -199,6 +199,49 @@ def test_a_negative_saving_reads_as_none_and_a_memory_only_bug_is_judged_on_line
     assert costly.key in judges.score_diagnosis(wrong, planted, savings).unmeasured
 
 
+def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> None:
+    """A guessed constant can sit in two bugs' bands (0.2 for bugs costing 0.1 and 0.3 of a step); where
+    the two costs differ clearly, a tie orders neither, so both lose their counts, while the measured
+    savings (any two distinct readings in the right order) keep them."""
+    planted = mystery.for_student("bob").planted
+    cheap, costly, memory_only = (next(p for p in planted if p.key == k)
+                                  for k in ("row_loop", "grad_histograms", "batch_history"))
+    savings = {cheap.key: 0.1, costly.key: 0.3, memory_only.key: 0.0}
+    assert judges.saving_agrees(0.2, 0.1) and judges.saving_agrees(0.2, 0.3)
+    constant = [_finding(p.lines[-1], p.kind, p.function, 0.2) for p in planted]
+    score = judges.score_diagnosis(constant, planted, savings)
+    assert set(score.unmeasured) == {cheap.key, costly.key} and score.fraction == pytest.approx(1 / 3)
+    measured = [dict(f, saves={cheap.lines[-1]: 0.19, costly.lines[-1]: 0.21}.get(f["line"], 0.2)) for f in constant]
+    assert judges.score_diagnosis(measured, planted, savings).fraction == 1.0
+
+
+def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagree_with_it(monkeypatch) -> None:
+    """The grader measures once; where a finding disagrees, it measures again in a fresh process and judges
+    each finding against the better of the two (a noisy grader reading costs an honest student nothing)."""
+    planted = mystery.for_student("bob", "tiny").planted
+    first = {"row_loop": 0.02, "grad_histograms": 0.4, "batch_history": 0.0}  # a noisy first reading
+    second = {"row_loop": 0.12, "grad_histograms": 0.38, "batch_history": 0.0}
+    calls: list[int] = []
+
+    def fake(student: str, mode: str | None, attempt: int = 0) -> dict[str, float]:
+        calls.append(attempt)
+        return (first, second)[attempt]
+
+    monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
+    monkeypatch.setattr(judges, "measured_savings", fake)
+    honest = [_finding(p.lines[-1], p.kind, p.function, {"row_loop": 0.13, "grad_histograms": 0.41}.get(p.key, 0.0))
+              for p in planted]
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": honest}, "bob").fraction == 1.0 and calls == [0, 1]
+    calls.clear()
+    guessed = [dict(f, saves=0.9) for f in honest]
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, "bob")
+    assert mark.fraction == pytest.approx(1 / 3) and calls == [0, 1] and "measured here" in mark.message
+    calls.clear()
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": [dict(f, saves={"row_loop": 0.02}.get(p.key, f["saves"]))
+                                                     for p, f in zip(planted, honest, strict=True)]},
+                 "bob").fraction == 1.0 and calls == [0]  # agrees with the first: no second measurement
+
+
 def test_an_honest_saving_measured_with_the_labs_helper_agrees_with_the_graders(tiny_data, tmp_path) -> None:
     """What `lab01_mystery.saving` measures of a copy with one fix is what the grader measures of that bug."""
     student = "erin"
@@ -550,7 +593,7 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
     student = "bob"  # its bugs' savings differ clearly: a constant guess cannot order them
     nb = build.read_notebook(build.source_notebook(LAB))
     cell = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "mystery_investigation")
-    cell.source = cell.source.replace("### END SOLUTION", TRUTH_READERS["computed_import"].replace("{saves}", "0.15")
+    cell.source = cell.source.replace("### END SOLUTION", TRUTH_READERS["computed_import"].replace("{saves}", "0.1")
                                       + "### END SOLUTION")
     path = tmp_path / f"{LAB}.ipynb"
     nbformat.write(nb, path)
@@ -558,7 +601,8 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
     scores = {s.grade_id: s.auto_score for s in run.autograded}
     if judges.GATE_ON_SAVINGS:
         # Never every mark: the memory-only bug's share, and a constant near a typical cost may land in one
-        # time bug's band (0.15 for bob's row_loop); the flag is what brings a person to it.
+        # time bug's band (0.1 for bob's row_loop, never grad_histograms' at about 0.4), and only where
+        # the two costs are not clearly apart (a tie orders neither); the flag is what brings a person to it.
         assert scores["mystery_diagnosis"] <= 16 / 3 + 1e-3, run.shortfalls()
     assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
     assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags

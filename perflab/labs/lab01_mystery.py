@@ -406,15 +406,18 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
     measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in this thread's CPU
     time: on one torch thread that is the step's work, which other programs and threads sharing the
     machine do not inflate as they do wall time. The grader measures with this same function. Give
-    it one copy per fix, each with only that fix, to measure each bug alone."""
+    it one copy per fix, each with only that fix, to measure each bug alone. While the autograder runs
+    it (in the notebook, or in its own measuring process), it holds the grading run's timing lock, so
+    no other submission's timed work runs beside it."""
     import torch
 
+    from perflab.grading.timelock import timed_section
     from perflab.verify.protocol import VERIFY_THREADS
 
     threads = torch.get_num_threads()
     torch.set_num_threads(VERIFY_THREADS)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), timed_section():
             warnings.simplefilter("ignore")
             sides = [load_pipeline(path).make_step(seed) for path in (planted, *fixed)]
             for step in sides:

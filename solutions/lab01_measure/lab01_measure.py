@@ -998,8 +998,8 @@ print(verdict)
 #   fixing this bug **alone** saves of the planted step time, as you measured it. Write a copy with
 #   only that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
 #   1 - t(copy) / t(planted), and `lab01_mystery.savings(PIPELINE, [copy, ...])` times several at once.
-#   **8 points**, a share per bug for the line and for the type. The grader can measure what each planted
-#   bug costs its own copy of your pipeline, and count a finding only when your saving agrees with its
+#   **8 points**, a share per bug for the line and for the type. The grader measures what each planted
+#   bug costs its own copy of your pipeline, and counts a finding only when your saving agrees with its
 #   measurement (within a factor of 2, and in the same order where two bugs' costs differ clearly;
 #   a bug that only holds memory saves no step time to agree on, so its line and type count alone):
 #   knowing where a bug is does not say what it costs. A finding at a line with no bug costs as much as

@@ -48,11 +48,10 @@ SAVING_SLACK = 0.05
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
 # Whether a finding's line and type count only with an agreeing saving. Measured in the grader's own
 # process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
-# 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`).
-# Off by default until a clean-clone CI passes with it on: with it on, one CI run failed a test early in
-# the suite (most likely the demo's marker, graded beside another notebook) that passed when re-run
-# alone. The tests turn it on.
-GATE_ON_SAVINGS = False
+# 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`),
+# both sides time under the run's timing lock, and a finding that disagrees is measured a second time
+# before it loses its count (`judge_diagnosis`).
+GATE_ON_SAVINGS = True
 # How long the grader's measuring child may take (tiny mode: about 8 s here).
 SAVING_TIMEOUT_S = 180.0
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
@@ -82,23 +81,22 @@ def truth(ctx: Context) -> mystery.Mystery:
 
 
 @functools.lru_cache(maxsize=64)
-def measured_savings(student: str, mode: str | None) -> dict[str, float]:
+def measured_savings(student: str, mode: str | None, attempt: int = 0) -> dict[str, float]:
     """What fixing each planted bug alone saves of `student`'s planted pipeline's step time, measured in
     a fresh child process (as the verifier's): the grader's own process grades several notebooks on
     threads, and torch's thread count is one per process, so a measurement taken there read 0.00 for bugs
-    that cost 0.2-0.3 of a step while another notebook was graded beside it."""
+    that cost 0.2-0.3 of a step while another notebook was graded beside it. The child times under the
+    run's timing lock (`lab01_mystery.savings` takes it), one timed measurement at a time across the
+    run's jobs. `attempt` numbers independent measurements (each is cached apart)."""
     import json
     import subprocess
     import sys
 
-    from perflab.grading.timelock import timed_section
-
     program = ("import json, sys\nfrom perflab.labs.hidden.mystery import measure_savings_here\n"
                "print(json.dumps(measure_savings_here(sys.argv[1], sys.argv[2] or None)))")
     try:
-        with timed_section():  # one timed measurement at a time across the run's jobs
-            done = subprocess.run([sys.executable, "-c", program, student, mode or ""], capture_output=True,
-                                  text=True, timeout=SAVING_TIMEOUT_S)
+        done = subprocess.run([sys.executable, "-c", program, student, mode or ""], capture_output=True,
+                              text=True, timeout=SAVING_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         raise SavingsUnmeasured(f"the measurement ran past {SAVING_TIMEOUT_S:.0f} s") from exc
     if done.returncode != 0:
@@ -173,7 +171,9 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
         timed = [p for p, _ in matched if BY_KEY[p.key].costs_time]  # a memory-only bug: line and type
         for p in timed:
             truth, own = savings[p.key], said[p.key]
-            misordered = any(_clearly_apart(truth, savings[q.key]) and (truth > savings[q.key]) != (own > said[q.key])
+            # A tie between two bugs whose costs differ clearly (a guessed constant) orders neither.
+            misordered = any(_clearly_apart(truth, savings[q.key])
+                             and ((truth > savings[q.key]) != (own > said[q.key]) or own == said[q.key])
                              for q in timed if q.key != p.key)
             if not saving_agrees(own, truth) or misordered:
                 unmeasured.append(p.key)
@@ -195,6 +195,13 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     if located.located and GATE_ON_SAVINGS:
         try:
             savings = measured_savings(case.student, ctx.mode)
+            if score_diagnosis(findings, case.planted, savings).unmeasured:
+                # Before a finding loses its marks, a second independent measurement: the finding is
+                # judged against whichever of the two it agrees with better.
+                again = measured_savings(case.student, ctx.mode, 1)
+                if (score_diagnosis(findings, case.planted, again).fraction
+                        > score_diagnosis(findings, case.planted, savings).fraction):
+                    savings = again
         except SavingsUnmeasured as exc:  # the grader's fault, not the student's: judged on line and type
             unmeasured_why = f"savings not checked: the grader could not measure this pipeline ({exc})"
     score = score_diagnosis(findings, case.planted, savings)
