@@ -6,15 +6,17 @@ memory on purpose; wrong for a decision, where the right answer on such a machin
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from perflab import env
 from perflab.grading.judging import Context
-from perflab.labs import common, lab05
+from perflab.labs import common, lab02, lab05
+from perflab.labs.hidden import lab02 as hidden02
 from perflab.labs.hidden import lab05 as hidden05
-from perflab.verify import load_expectation
+from perflab.verify import Verdict, load_expectation
 from perflab.verify.expectations import EXPECTATIONS_ENV, PARITY_BAR, Expectation
 from perflab.workload import TrainConfig
 
@@ -70,3 +72,54 @@ def test_compiling_by_rule_where_compiling_costs_time_loses_and_measuring_earns(
     assert by_rule.verdict["speedup"] < PARITY_BAR, by_rule.verdict
     measured = hidden05.judge_choice({"choice": None, "claim": 1.0, "why": "compile's CI sat below parity here"}, ctx)
     assert measured.fraction == 1.0, measured.message
+
+
+@pytest.fixture()
+def one_core():
+    """A machine of one core (this process and the verifier's children pinned to one): loader workers
+    compete with training for it, so adding them costs time (measured here in tiny mode: one worker
+    0.89x, CI 0.87-0.92x; two 0.96x, CI 0.93-0.97x)."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    yield
+    os.sched_setaffinity(0, allowed)
+
+
+def test_adding_workers_by_rule_where_they_cost_time_loses_and_measuring_earns(one_core) -> None:
+    """Lab 2's rule of thumb (add a loader worker: it overlaps decoding with training) on a machine where
+    it is wrong, against the measured decision there (the baseline loader), both re-measured by the
+    grader: the rule loses the cell, the measured decision earns it."""
+    ctx = Context(lab02.LAB, 0, "tiny")
+    base = lab02.baseline_config("tiny")
+    why = "my interleaved comparison showed no gain from workers here"
+
+    def judged(best: TrainConfig) -> object:
+        return hidden02.judge_best_verified({"type": "TrainConfig", "config": best.to_dict(), "claim": 1.2,
+                                             "why": why}, ctx)
+
+    # Below the parity bar, or straddling it (undecided, which the default policy credits) and still
+    # measurably slower than leaving the worker out: a fail either way.
+    by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
+    assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
+    assert by_rule.verdict["ci"][1] < 1.0, by_rule.message
+    measured = judged(base)
+    assert measured.fraction == 1.0, measured.message
+
+
+def test_a_decision_measurably_slower_fails_whatever_its_bar_and_changing_nothing_never_does() -> None:
+    times = (1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01)
+    slower = Verdict("pass", "clears_bar", "clears the expected 0.90x", 0.9, baseline_times=times,
+                     candidate_times=tuple(t * 1.05 for t in times), block_steps=1)
+    assert slower.ci[1] < 1.0
+    base = lab02.baseline_config("tiny")
+    workers = base.replace(num_workers=2)
+    failed = common.slower_than_leaving_it_out(slower, base, workers)
+    assert failed.outcome == "fail" and failed.code == "slower_than_without" and "0.95x" in failed.reason
+    assert common.slower_than_leaving_it_out(slower, base, base) is slower  # an A/A below 1.0 is chance
+    noisy = (1.0, 1.2, 0.9, 1.1, 0.95, 1.05, 1.0, 0.92)
+    straddles = Verdict("inconclusive", "undecided", "", 0.9, baseline_times=times, candidate_times=noisy,
+                        block_steps=1)
+    assert straddles.ci[0] < 1.0 < straddles.ci[1]
+    assert common.slower_than_leaving_it_out(straddles, base, workers) is straddles
+    eager, not_compiled = lab05.sides(None, "tiny")  # lab 5's "do not compile" is eager against eager
+    assert common.same_work(eager, not_compiled) and not common.same_work(*lab05.sides("default", "tiny"))

@@ -264,7 +264,8 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, 
     (default: a local process; the grader passes its sandbox for a candidate of student code).
     `measure_activations` also re-measures the activation bytes of one training step of each side.
     `decision`: the candidate is what the student decided to keep, held at least to parity
-    (`decision_bar`).
+    (`decision_bar`), and failed where it is measurably slower than leaving it out
+    (`slower_than_leaving_it_out`).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -288,7 +289,35 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, 
     with timed_section():
         verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget,
                          measure_activations=measure_activations, **({"runner": runner} if runner is not None else {}))
+    if decision:
+        verdict = slower_than_leaving_it_out(verdict, baseline, candidate)
     return verdict, expectation
+
+
+def slower_than_leaving_it_out(verdict: Any, baseline: Any, candidate: Any) -> Any:
+    """A decision the re-measurement finds measurably slower than leaving it out (the CI of its speedup
+    wholly below 1.0) is the wrong decision on this machine, whatever bar it clears: a fail. A decision
+    to change nothing is never slower than itself (an A/A CI below 1.0 is chance)."""
+    import dataclasses
+
+    ci = verdict.ci if verdict.outcome in ("pass", "inconclusive") else None
+    if ci is None or ci[1] >= 1.0 or same_work(baseline, candidate):
+        return verdict
+    return dataclasses.replace(verdict, outcome="fail", code="slower_than_without", reason=(
+        f"re-measured speedup {verdict.speedup:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f}x): measurably slower than "
+        "leaving the change out on this machine, so leaving it out is the right decision here"))
+
+
+def same_work(baseline: Any, candidate: Any) -> bool:
+    """Whether two sides of a verification are one configuration (a decision to change nothing)."""
+    from perflab.verify import Side
+
+    if isinstance(baseline, Side) and isinstance(candidate, Side):
+        def work(side: Side) -> tuple[Any, ...]:
+            kwargs = {k: v for k, v in side.kwargs.items() if v is not None}
+            return side.kind, side.target, side.factory, sorted(kwargs.items()), side.dtype
+        return work(baseline) == work(candidate)
+    return bool(baseline == candidate)
 
 
 def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
