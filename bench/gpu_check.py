@@ -259,8 +259,12 @@ def run_calibrate(check: Check, names: list[str] | None, repeats: int, pairs: in
               flush=True)
 
 
+# The one line of why a decision carries (lab 2's WHY_BEST; a decision without one earns half its cell).
+WHY = "the reference's own measured choice on this machine"
+
+
 def _observe_plain(config: Any) -> dict[str, Any]:
-    return {"config": config.to_dict(), "claim": None}
+    return {"config": config.to_dict(), "claim": None, "why": WHY}
 
 
 def _observe_final(config: Any) -> dict[str, Any]:

@@ -13,9 +13,10 @@ import pytest
 
 from perflab import env
 from perflab.grading.judging import Context
-from perflab.labs import common, lab02, lab05
+from perflab.labs import common, lab02, lab05, lab06, lab06_probes
 from perflab.labs.hidden import lab02 as hidden02
 from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.hidden import lab06 as hidden06
 from perflab.verify import Verdict, load_expectation
 from perflab.verify.expectations import EXPECTATIONS_ENV, PARITY_BAR, Expectation
 from perflab.workload import TrainConfig
@@ -99,6 +100,23 @@ def test_adding_workers_by_rule_where_they_cost_time_loses_and_measuring_earns(o
 
     # Below the parity bar, or straddling it (undecided, which the default policy credits) and still
     # measurably slower than leaving the worker out: a fail either way.
+    by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
+    assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
+    assert by_rule.verdict["ci"][1] < 1.0, by_rule.message
+    measured = judged(base)
+    assert measured.fraction == 1.0, measured.message
+
+
+def test_keeping_a_loader_worker_in_lab_6_by_rule_where_it_costs_time_loses_and_measuring_earns(one_core) -> None:
+    """Lab 6's FINAL built by the rule "keep every earlier lab's change" (a loader worker), on the machine
+    where that change costs time, against the measured FINAL there (nothing kept: the baseline)."""
+    ctx = Context(lab06.LAB, 0, "tiny")
+    base = lab06.baseline_config("tiny")
+
+    def judged(final: TrainConfig) -> object:
+        return hidden06.judge_final_verified(lab06_probes.PROBES["test_final_verified"]({"FINAL": final, "CLAIM": 1.2}, 0),
+                                             ctx)
+
     by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
     assert by_rule.verdict["ci"][1] < 1.0, by_rule.message
