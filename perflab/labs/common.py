@@ -290,34 +290,23 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, 
         verdict = verify(baseline, candidate, expectation=expectation.threshold, claim=claim, budget=budget,
                          measure_activations=measure_activations, **({"runner": runner} if runner is not None else {}))
     if decision:
-        verdict = slower_than_leaving_it_out(verdict, baseline, candidate)
+        verdict = slower_than_leaving_it_out(verdict)
     return verdict, expectation
 
 
-def slower_than_leaving_it_out(verdict: Any, baseline: Any, candidate: Any) -> Any:
+def slower_than_leaving_it_out(verdict: Any) -> Any:
     """A decision the re-measurement finds measurably slower than leaving it out (the CI of its speedup
     wholly below 1.0) is the wrong decision on this machine, whatever bar it clears: a fail. A decision
-    to change nothing is never slower than itself (an A/A CI below 1.0 is chance)."""
+    to change nothing is never slower than itself: the verifier gives it its no-change verdict untimed
+    (`perflab.verify.protocol.no_change`), which has no CI."""
     import dataclasses
 
     ci = verdict.ci if verdict.outcome in ("pass", "inconclusive") else None
-    if ci is None or ci[1] >= 1.0 or same_work(baseline, candidate):
+    if ci is None or ci[1] >= 1.0:
         return verdict
     return dataclasses.replace(verdict, outcome="fail", code="slower_than_without", reason=(
         f"re-measured speedup {verdict.speedup:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f}x): measurably slower than "
         "leaving the change out on this machine, so leaving it out is the right decision here"))
-
-
-def same_work(baseline: Any, candidate: Any) -> bool:
-    """Whether two sides of a verification are one configuration (a decision to change nothing)."""
-    from perflab.verify import Side
-
-    if isinstance(baseline, Side) and isinstance(candidate, Side):
-        def work(side: Side) -> tuple[Any, ...]:
-            kwargs = {k: v for k, v in side.kwargs.items() if v is not None}
-            return side.kind, side.target, side.factory, sorted(kwargs.items()), side.dtype
-        return work(baseline) == work(candidate)
-    return bool(baseline == candidate)
 
 
 def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:

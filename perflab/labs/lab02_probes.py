@@ -81,9 +81,8 @@ def _probe_pick_workers(answers: Any, seed: int) -> dict[str, Any]:
 def _probe_best(answers: Any, seed: int) -> dict[str, Any]:
     best = answers["BEST"]
     config = best.to_dict() if isinstance(best, TrainConfig) else None
-    why = answers.get("WHY_BEST")
     return {"type": type(best).__name__, "config": config, "claim": encode(answers.get("CLAIM")),
-            "why": why[:500] if isinstance(why, str) else None}
+            "why": predict.reason(answers, "WHY_BEST")}
 
 
 PROBES = {

@@ -85,10 +85,8 @@ def _probe_no_recompile(answers: Any, seed: int, visible: bool) -> list[dict[str
 
 def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
     choice = answers["CHOICE"]
-    why = answers.get("WHY_CHOICE")
     return {"choice": choice if choice is None or isinstance(choice, str) else {"type": type(choice).__name__},
-            "claim": encode(answers.get("CLAIM")),
-            "why": why[:500] if isinstance(why, str) else None}
+            "claim": encode(answers.get("CLAIM")), "why": predict.reason(answers, "WHY_CHOICE")}
 
 
 PROBES = {

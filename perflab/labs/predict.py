@@ -62,10 +62,15 @@ def observe(answers: Any, name: str, why_name: str) -> dict[str, Any]:
     from perflab.grading.probing import encode
 
     value = answers.get(name)
-    why = answers.get(why_name)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return {"value": encode(float(value)) if number else None, "type": type(value).__name__,
-            "why": why[:500] if isinstance(why, str) else None}
+            "why": reason(answers, why_name)}
+
+
+def reason(answers: Any, why_name: str) -> str | None:
+    """A line of why as a probe sends it: the notebook's string (its first 500 characters), else None."""
+    why = answers.get(why_name)
+    return why[:500] if isinstance(why, str) else None
 
 
 def judge(observed: Any, name: str, why_name: str) -> None:

@@ -195,12 +195,12 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     if located.located and GATE_ON_SAVINGS:
         try:
             savings = measured_savings(case.student, ctx.mode)
-            if score_diagnosis(findings, case.planted, savings).unmeasured:
-                # Before a finding loses its marks, a second independent measurement: the finding is
+            first = score_diagnosis(findings, case.planted, savings)
+            if first.unmeasured:
+                # Before a finding loses its marks, a second independent measurement: the diagnosis is
                 # judged against whichever of the two it agrees with better.
                 again = measured_savings(case.student, ctx.mode, 1)
-                if (score_diagnosis(findings, case.planted, again).fraction
-                        > score_diagnosis(findings, case.planted, savings).fraction):
+                if score_diagnosis(findings, case.planted, again).fraction > first.fraction:
                     savings = again
         except SavingsUnmeasured as exc:  # the grader's fault, not the student's: judged on line and type
             unmeasured_why = f"savings not checked: the grader could not measure this pipeline ({exc})"
