@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -237,15 +238,26 @@ def test_load_expectation_calibrated_and_fallbacks(tmp_path):
 
 
 def test_committed_expectations_load():
-    # Every committed file parses and each entry gives a bar between the cost floor and the best reference.
+    # Every committed file parses, and each entry gives a bar between the cost floor and the best reference
+    # at the workload its lab grades on that file's device: an entry measured at other sizes (or thread
+    # counts) would fall back to the conservative rules exactly where the grade reads it.
+    from perflab import env
+    from perflab.verify import calibrate
+
     files = sorted(expectations.default_dir().glob("*.json"))
     assert files, "autograder/expectations holds no calibration (run perflab calibrate)"
+    lab_of = {**calibrate.GRADED_IN, **{m.EXPECTATION: m.LAB for m in calibrate._lab_modules()}}
     for path in files:
         doc = expectations.load_file(path)
+        assert doc["hardware_class"] == path.stem
+        device = "cuda" if path.stem.startswith("cuda") else path.stem.split("-")[0]
         for name, entry in doc["optimisations"].items():
             if "threshold" in entry:
-                e = load_expectation(name, doc["hardware_class"])
-                assert e.calibrated and 0 < e.threshold <= max(entry["reference"], expectations.PARITY_BAR)
+                sizes = env.mode_sizes("grade", lab=lab_of[name], device=device)
+                workload = SimpleNamespace(data=sizes.data, image_size=sizes.image_size, batch_size=sizes.batch_size)
+                e = load_expectation(name, doc["hardware_class"], workload=workload)
+                assert e.calibrated, f"{path.name}: {name}: {e.reason}"
+                assert 0 < e.threshold <= max(entry["reference"], expectations.PARITY_BAR)
 
 
 def test_too_few_pairs_is_inconclusive_not_a_fail():
