@@ -30,7 +30,8 @@ def cpu_check(tmp_path_factory) -> dict:
 
 def test_every_step_runs_and_says_so(cpu_check):
     assert (cpu_check["schema"], cpu_check["version"]) == ("perflab.gpu_check", 1)
-    assert list(cpu_check["steps"]) == ["env", "data", "profile", "loader", "drift", "tests", "calibrate", "judges"]
+    # What the grade reads first: a budget that runs short loses a profile, never a lab's bar.
+    assert list(cpu_check["steps"]) == ["env", "data", "tests", "drift", "calibrate", "judges", "profile", "loader"]
     loader = cpu_check["loader"]
     assert loader["workers"] >= 1 and loader["images_per_s"] > 0 and loader["decode_only_images_per_s"] > 0
     assert all(step["ok"] for step in cpu_check["steps"].values()), cpu_check["steps"]
