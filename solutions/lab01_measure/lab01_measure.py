@@ -998,11 +998,13 @@ print(verdict)
 #   fixing this bug **alone** saves of the planted step time, as you measured it. Write a copy with
 #   only that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
 #   1 - t(copy) / t(planted), and `lab01_mystery.savings(PIPELINE, [copy, ...])` times several at once.
-#   **8 points**, a share per bug for the line and for the type. The grader measures what each planted
-#   bug costs its own copy of your pipeline, and counts a finding only when your saving agrees with its
-#   measurement (within a factor of 2, and in the same order where two bugs' costs differ clearly;
-#   a bug that only holds memory saves no step time to agree on, so its line and type count alone):
-#   knowing where a bug is does not say what it costs. A finding at a line with no bug costs as much as
+#   **8 points**, shared among the bugs that cost step time, a share per bug for the line and for the
+#   type. The grader measures what each planted bug costs its own copy of your pipeline, and counts a
+#   finding only when your saving agrees with its measurement (within a factor of 2, and in the same
+#   order where two bugs' costs differ clearly): knowing where a bug is does not say what it costs. A
+#   bug that only holds memory saves no step time to agree on, so no measurement can tell finding it
+#   from reading it off the kit: report it and fix it all the same (a long run dies of it), but it
+#   earns no share, and a finding at it costs nothing. A finding at a line with no bug costs as much as
 #   a right one earns: report what your measurements show, not every line you suspect.
 # * `FIXED_PIPELINE`: your fixed copy, written **by a cell of this notebook** (only the notebook is
 #   submitted), and `FIX_SPEEDUP`, the speedup you measured — **6 points**. The grader re-measures your

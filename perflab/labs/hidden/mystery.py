@@ -111,15 +111,16 @@ class SavingsUnmeasured(RuntimeError):
 
 def measure_savings_here(student: str, mode: str | None) -> dict[str, float]:
     """`measured_savings` in this process, by the lab's own helper (`lab01_mystery.savings`, the
-    protocol the student measures with): the planted pipeline beside one copy per bug without it."""
+    protocol the student measures with): the planted pipeline beside one copy per bug that costs step
+    time without it (a memory-only bug earns no share of the diagnosis, so it is not timed)."""
     import tempfile
     from pathlib import Path
 
     case = mystery.for_student(student, mode)
-    keys = [p.key for p in case.planted]
+    keys = [p.key for p in case.planted if BY_KEY[p.key].costs_time]
     with tempfile.TemporaryDirectory(prefix="perflab-savings-") as tmp:
         planted = case.write(Path(tmp) / "planted.py")
-        copies = [mystery.for_student(student, mode, bugs=tuple(k for k in keys if k != key)).write(
+        copies = [mystery.for_student(student, mode, bugs=tuple(p.key for p in case.planted if p.key != key)).write(
             Path(tmp) / f"without_{key}.py") for key in keys]
         return {key: max(0.0, saved) for key, saved in zip(keys, lab01_mystery.savings(planted, copies), strict=True)}
 
@@ -139,7 +140,7 @@ class DiagnosisScore:
     located: int
     typed: int
     stray: list[int]
-    planted: int
+    planted: int  # the planted bugs the marks are shared among: those that cost step time
     unmeasured: list[str]  # planted bugs located whose saving disagrees with the grader's measurement
 
 
@@ -147,10 +148,11 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
                     savings: Mapping[str, float] | None = None) -> DiagnosisScore:
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
     bug count once); the type counts where the location does. With `savings` (the grader's measurement,
-    bug key -> saving), a located finding of a bug that costs time counts only when its `saves` agrees
-    with the bug's and its order against the other such bugs agrees where the grader's savings differ
-    clearly (a bug that only holds memory is judged on its line and type). Findings at
-    no planted line each take LOCATION_WORTH + KIND_WORTH off."""
+    bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
+    order against the other bugs agrees where the grader's savings differ clearly. The marks are shared
+    among the bugs that cost step time: a bug that only holds memory (`Bug.costs_time=False`) saves no
+    step time the grader can measure, so the planted truth alone would earn its share; a finding at it
+    neither earns nor costs. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
     matched: list[tuple[mystery.Planted, Mapping[str, Any]]] = []
     stray: list[int] = []
@@ -162,13 +164,15 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
                 stray.append(line if isinstance(line, int) else -1)
             continue  # another line of a bug already found: neither credit nor cost
         unmatched.remove(hit)
-        matched.append((hit, finding))
+        if BY_KEY[hit.key].costs_time:
+            matched.append((hit, finding))
+    scored = [p for p in planted if BY_KEY[p.key].costs_time]
     unmeasured: list[str] = []
     if savings is not None:
         # A fix cannot make a step slower: a negative reading is noise around a bug that costs little
         # (an honest -0.105 for a memory bug measured at 0.05, in a notebook graded beside another).
         said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
-        timed = [p for p, _ in matched if BY_KEY[p.key].costs_time]  # a memory-only bug: line and type
+        timed = [p for p, _ in matched]
         for p in timed:
             truth, own = savings[p.key], said[p.key]
             # A tie between two bugs whose costs differ clearly (a guessed constant) orders neither.
@@ -181,8 +185,8 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
     located = len(counted)
     typed = sum(f.get("kind") in BY_KEY[p.key].kinds for p, f in counted)
     earned = located * LOCATION_WORTH + typed * KIND_WORTH - len(stray) * (LOCATION_WORTH + KIND_WORTH)
-    fraction = max(0.0, earned / ((LOCATION_WORTH + KIND_WORTH) * len(planted)))
-    return DiagnosisScore(min(fraction, 1.0), located + len(unmeasured), typed, stray, len(planted), unmeasured)
+    fraction = max(0.0, earned / ((LOCATION_WORTH + KIND_WORTH) * max(len(scored), 1)))
+    return DiagnosisScore(min(fraction, 1.0), located + len(unmeasured), typed, stray, len(scored), unmeasured)
 
 
 def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
@@ -207,7 +211,7 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     score = score_diagnosis(findings, case.planted, savings)
     if score.fraction >= 1.0:
         return Mark(1.0, unmeasured_why) if unmeasured_why else None
-    parts = [f"{score.located} of the {score.planted} planted bugs located"]
+    parts = [f"{score.located} of the {score.planted} planted bugs that cost step time located"]
     if score.unmeasured:
         said = {p.key: f for f in findings for p in case.planted
                 if isinstance(f.get("line"), int) and f["line"] in p.accepted_lines}
