@@ -8,6 +8,9 @@
    fix bar; a memory bug may cost none.
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
    `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
+3. For each id: what the grader measures each bug that costs time to save (`measured_savings`, its fresh
+   child), and the most of the diagnosis a truth reader earns there, one that types the planted lines and
+   types with one constant saving (the best constant of 0 to 0.6): how much the savings gate alone holds.
 """
 
 from __future__ import annotations
@@ -59,6 +62,26 @@ def verified_fix(student: str) -> dict[str, object]:
     return {"bugs": [p.key for p in mystery.for_student(student).planted], "verdict": verdict}
 
 
+CONSTANTS = tuple(i / 100 for i in range(0, 61, 2))
+
+
+def constant_truth_reader(student: str) -> tuple[dict[str, float], float, float | None]:
+    """(the grader's measured savings, the best fraction of the diagnosis a constant earns with the planted
+    truth, that constant)."""
+    from perflab import mystery
+    from perflab.labs.hidden.mystery import measured_savings, score_diagnosis
+
+    planted = mystery.for_student(student).planted
+    savings = measured_savings(student, None)
+    best, which = 0.0, None
+    for constant in CONSTANTS:
+        findings = [{"line": p.lines[-1], "kind": p.kind, "saves": constant} for p in planted]
+        fraction = score_diagnosis(findings, planted, savings).fraction
+        if fraction > best:
+            best, which = fraction, constant
+    return savings, best, which
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", nargs="+", default=["alice", "bob", "carol"])
@@ -85,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         ci = f"CI {v.ci[0]:.2f}-{v.ci[1]:.2f}x" if v.ci else "no CI"
         print(f"  {student:10s} {', '.join(got['bugs']):45s} {v.outcome:5s} "
               f"{(v.speedup or 0):.2f}x ({ci}) in {v.elapsed_seconds:.0f} s")
+    print("\nthe grader's measured savings, and the most a truth reader with one constant saving earns:")
+    for student in args.ids:
+        savings, best, constant = constant_truth_reader(student)
+        said = ", ".join(f"{k} {v:.2f}" for k, v in savings.items())
+        print(f"  {student:10s} {said:55s} {best:4.0%} of the diagnosis"
+              + (f" (saves {constant:.2f} for every bug)" if constant is not None else ""))
     return 0
 
 

@@ -616,3 +616,20 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
         assert scores["mystery_diagnosis"] <= 4 + 1e-3, run.shortfalls()
     assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
     assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags
+
+
+def test_the_bench_states_what_a_constant_truth_reader_earns_where_costs_are_close_or_apart(monkeypatch) -> None:
+    """`make bench-mystery` reports, per id, the most a truth reader typing one constant saving earns: all of
+    it where every bug's cost lies within the agreement band of one constant, none where two costs are
+    clearly apart (a tie orders neither, and no constant agrees with both)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_mystery
+
+    readings = {"bob": {"grad_histograms": 0.39, "row_loop": 0.13},  # clearly apart
+                "alice": {"python_collate": 0.06, "row_loop": 0.15}}  # within one band
+    monkeypatch.setattr(judges, "measured_savings", lambda student, mode, attempt=0: readings[student])
+    assert bench_mystery.constant_truth_reader("bob")[1:] == (0.0, None)
+    savings, best, constant = bench_mystery.constant_truth_reader("alice")
+    assert savings == readings["alice"] and best == 1.0 and constant is not None
