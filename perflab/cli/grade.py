@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--file-mb", type=float, default=256.0, help="largest file a submission may write")
     v.add_argument("--solutions", type=Path, default=None, help="solutions folder to hide (default: solutions/)")
     v.add_argument("--force", action="store_true", help="grade again even what was graded")
+    v.add_argument("--require-calibration", action="store_true",
+                   help="refuse to grade a lab whose re-measured cell has no bar calibrated on this machine "
+                        "(by default such a cell takes the conservative rule, and a warning says so)")
 
     v = verb("feedback", "write HTML feedback for graded submissions")
     v.add_argument("--lab", action="append")
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             processes=args.processes or None, file_bytes=int(args.file_mb * MiB) if args.file_mb > 0 else None,
             disk_bytes=int(args.disk_mb * MiB) if args.disk_mb > 0 else None)
         settings = pipeline.Settings(limits=limits, cell_timeout=args.cell_timeout, jobs=args.jobs, gpus=args.gpus,
-                                     unisolated=args.unisolated)
+                                     unisolated=args.unisolated, require_calibration=args.require_calibration)
         try:
             pipeline.check_isolation(settings)
         except pipeline.Unisolated as exc:
@@ -123,9 +126,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{record.lab}/{record.student}: {record.score:g}/{record.max_score:g} {record.outcome}"
                   f" ({record.wall_s:.0f} s){flag}", flush=True)
 
-        summary = pipeline.grade(course, settings, labs=args.lab, students=args.student, backend=args.backend,
-                                 ray_address=args.ray_address, force=args.force, solutions=args.solutions,
-                                 progress=progress)
+        try:
+            summary = pipeline.grade(course, settings, labs=args.lab, students=args.student, backend=args.backend,
+                                     ray_address=args.ray_address, force=args.force, solutions=args.solutions,
+                                     progress=progress)
+        except pipeline.Uncalibrated as exc:
+            print(f"perflab grade grade: {exc}", file=sys.stderr)
+            return 2
         for path in summary.removed:
             print(f"removed {path}: a work folder left by a grading run that was stopped")
         print(summary.line())

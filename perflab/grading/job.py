@@ -47,6 +47,9 @@ class Settings:
     # Grade even where the sandbox has no namespaces (student code then runs as the instructor, with
     # the network): the instructor's explicit choice, recorded in every record of the run.
     unisolated: bool = False
+    # Refuse to grade a lab whose re-measured cell has no bar calibrated on this machine (`grading.bars`):
+    # without one, such a cell takes the conservative rule, which keeping the baseline passes.
+    require_calibration: bool = False
 
     def __post_init__(self) -> None:
         if self.cell_timeout < 1:

@@ -110,12 +110,16 @@ class Summary:
     failed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()  # work folders a stopped grading run had left, removed before this one
     isolation: str = ""  # the sandbox kind this run graded with
+    uncalibrated: tuple[str, ...] = ()  # re-measured cells graded without a bar calibrated here (`bars`)
 
     def line(self) -> str:
         out = (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
                f"{len(self.skipped)} already graded")
         if self.isolation == "none" and self.graded + self.failed:
             out += "; UNISOLATED: student code ran without namespaces (recorded in the grades)"
+        if self.uncalibrated and self.graded:
+            out += (f"; {len(self.uncalibrated)} re-measured cell(s) held to the conservative rule, no bar "
+                    "being calibrated on this machine (the warnings above say which)")
         return out
 
 
@@ -210,6 +214,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         templates = {lab: template(course, lab) for lab in infos}
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
+        uncalibrated = check_calibration(infos, settings)
         build_data(infos, settings)
         graded, failed = [], []
 
@@ -244,7 +249,26 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         else:
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed),
-                   tuple(str(p) for p in removed), iso.kind)
+                   tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated))
+
+
+class Uncalibrated(RuntimeError):
+    """A lab to grade has a re-measured cell with no bar calibrated on this machine (--require-calibration)."""
+
+
+def check_calibration(labs: Iterable[str], settings: Settings) -> list[str]:
+    """The re-measured cells of `labs` with no bar calibrated on this machine, each logged as a warning
+    (`perflab.grading.bars`); Uncalibrated where `settings.require_calibration`. The kit's own tiny mode
+    is never calibrated and is not checked."""
+    from perflab.grading import bars
+
+    mode = judging.grading_mode(settings.env)
+    lines = [] if mode == "tiny" else bars.uncalibrated(labs, mode)
+    if lines and settings.require_calibration:
+        raise Uncalibrated(f"--require-calibration: {lines[0]}" + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""))
+    for line in lines:
+        log.warning("%s", line)
+    return lines
 
 
 def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
