@@ -66,7 +66,7 @@ bench-verify: setup  ## accuracy study of the speedup-verification protocol (pri
 bench-mystery: setup  ## what lab 1's planted bugs cost, and each id's fix re-measured by perflab.verify
 	$(PYTHON) bench/bench_mystery.py
 
-gpu-check: setup  ## the kit on a GPU in one call (9 min): env, profiles, calibration, lazy/reference judges, CUDA tests: make gpu-check [ARGS="--device cpu --mode tiny"]
+gpu-check: setup  ## the kit on a GPU in one call (9 min): env, CUDA tests, calibration, lazy/reference judges, then profiles: make gpu-check [ARGS="--device cpu --mode tiny"]
 	$(PYTHON) bench/gpu_check.py $(ARGS)
 
 bench-grade: setup  ## grading throughput: serial, local pool, Ray

@@ -40,8 +40,8 @@ def _finding(line: int, kind: str, function: str = "Trainer.step", saves: float 
 def _right_answers(student: str) -> list[dict[str, Any]]:
     """Every planted bug at its line, its type, and the saving the grader measures (as an honest
     notebook, re-run on the grading machine, measures it)."""
-    savings = judges.measured_savings(student, "tiny")
-    return [_finding(p.lines[-1], p.kind, p.function, round(savings[p.key], 3))
+    savings = judges.measured_savings(student, "tiny")  # a memory-only bug is not timed: it saves nothing
+    return [_finding(p.lines[-1], p.kind, p.function, round(savings.get(p.key, 0.0), 3))
             for p in mystery.for_student(student).planted]
 
 
@@ -622,9 +622,7 @@ def test_the_bench_states_what_a_constant_truth_reader_earns_where_costs_are_clo
     """`make bench-mystery` reports, per id, the most a truth reader typing one constant saving earns: all of
     it where every bug's cost lies within the agreement band of one constant, none where two costs are
     clearly apart (a tie orders neither, and no constant agrees with both)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import bench_mystery
 
     readings = {"bob": {"grad_histograms": 0.39, "row_loop": 0.13},  # clearly apart

@@ -29,8 +29,9 @@ def graded_bars(lab: str, mode: str) -> list[tuple[str, Any]]:
 
 
 def uncalibrated(labs: Iterable[str], mode: str, machine: Any = None, directory: Path | None = None) -> list[str]:
-    """One line for each re-measured cell of `labs` that has no calibrated bar here (`machine`: this one by
-    default, or a hardware class), saying what it is held to instead and how to calibrate it."""
+    """One line for each re-measured cell of `labs` that has no calibrated bar here, saying what it is held
+    to instead and how to calibrate it. The workloads are those of this machine's device; `machine` (a
+    hardware class, or this machine's by default) names the file they are looked up in."""
     from perflab.verify import load_expectation
 
     lines = []

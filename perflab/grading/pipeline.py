@@ -214,7 +214,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         templates = {lab: template(course, lab) for lab in infos}
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
-        uncalibrated = check_calibration(infos, settings)
+        uncalibrated = check_calibration(infos, settings, backend)
         build_data(infos, settings)
         graded, failed = [], []
 
@@ -256,12 +256,20 @@ class Uncalibrated(RuntimeError):
     """A lab to grade has a re-measured cell with no bar calibrated on this machine (--require-calibration)."""
 
 
-def check_calibration(labs: Iterable[str], settings: Settings) -> list[str]:
+def check_calibration(labs: Iterable[str], settings: Settings, backend: str = "local") -> list[str]:
     """The re-measured cells of `labs` with no bar calibrated on this machine, each logged as a warning
     (`perflab.grading.bars`); Uncalibrated where `settings.require_calibration`. The kit's own tiny mode
-    is never calibrated and is not checked."""
+    is never calibrated and is not checked. The bars are this machine's: Ray tasks grade on the workers'
+    hardware, which the head cannot read, so there it says so instead (and refuses to promise a check)."""
     from perflab.grading import bars
 
+    if backend != "local":
+        if settings.require_calibration:
+            raise Uncalibrated("--require-calibration: the Ray back-end grades on the workers' hardware, which "
+                               "this machine cannot check; calibrate it there, and grade without the flag")
+        log.warning("the bars of the Ray workers' hardware are not checked before grading: calibrate each "
+                    "worker's hardware class there (each grade records the class it was graded on)")
+        return []
     mode = judging.grading_mode(settings.env)
     lines = [] if mode == "tiny" else bars.uncalibrated(labs, mode)
     if lines and settings.require_calibration:

@@ -15,7 +15,8 @@ memory tools are used directly), and answers in five names:
                       saves     float, what fixing this bug alone saves of the planted pipeline's step
                                 time, as you measured it: 1 - t(fixed alone) / t(planted), e.g. 0.25
                                 (`saving(PIPELINE, copy_with_only_this_fix)` measures it as the grader
-                                does); about 0 for a bug that costs memory, not time
+                                does); about 0 for a bug that costs memory, not time (such a bug earns
+                                no share of the diagnosis: no step time tells finding it from reading it)
     FIXED_PIPELINE  the path of your fixed copy of the pipeline, written by a cell of this notebook
                     (only the notebook is submitted): it must train exactly as the planted one
     FIX_SPEEDUP     the fixed copy's speedup over the planted pipeline, as you measured it
@@ -26,8 +27,9 @@ memory tools are used directly), and answers in five names:
                     (autograd::engine::evaluate_function: <Node>) with the most total time, as <Node>}
 
 The grader scores the findings against what was planted for the id it grades (a finding at a line with
-no bug costs points), and counts a finding's line and type only with its measured saving: it measures
-what each planted bug costs its own copy of the pipeline, and the saving must agree (within a factor of
+no bug costs points), shares the marks among the planted bugs that cost step time, and counts a finding's
+line and type only with its measured saving: it measures what each such bug costs its own copy of the
+pipeline, and the saving must agree (within a factor of
 SAVING_FACTOR, and in the same order where two bugs' costs differ clearly). It re-measures the fixed copy against the planted pipeline in its own process
 (it must be faster and train the same way), and parses the trace file itself.
 """

@@ -999,7 +999,7 @@ print(verdict)
 #   only that fix and time it against the planted one: `lab01_mystery.saving(PIPELINE, copy)` gives
 #   1 - t(copy) / t(planted), and `lab01_mystery.savings(PIPELINE, [copy, ...])` times several at once.
 #   **8 points**, shared among the bugs that cost step time, a share per bug for the line and for the
-#   type. The grader measures what each planted bug costs its own copy of your pipeline, and counts a
+#   type. The grader measures what each such bug costs its own copy of your pipeline, and counts a
 #   finding only when your saving agrees with its measurement (within a factor of 2, and in the same
 #   order where two bugs' costs differ clearly): knowing where a bug is does not say what it costs. A
 #   bug that only holds memory saves no step time to agree on, so no measurement can tell finding it
