@@ -102,7 +102,7 @@ def test_adding_workers_by_rule_where_they_cost_time_loses_and_measuring_earns(o
     # measurably slower than leaving the worker out: a fail either way.
     by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
-    assert by_rule.verdict["ci"][1] < 1.0, by_rule.message
+    assert by_rule.verdict["ci"][1] < common.SLOWER_BELOW, by_rule.message
     measured = judged(base)
     assert measured.fraction == 1.0, measured.message
 
@@ -119,7 +119,7 @@ def test_keeping_a_loader_worker_in_lab_6_by_rule_where_it_costs_time_loses_and_
 
     by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
-    assert by_rule.verdict["ci"][1] < 1.0, by_rule.message
+    assert by_rule.verdict["ci"][1] < common.SLOWER_BELOW, by_rule.message
     measured = judged(base)
     assert measured.fraction == 1.0, measured.message
 
@@ -127,10 +127,16 @@ def test_keeping_a_loader_worker_in_lab_6_by_rule_where_it_costs_time_loses_and_
 def test_a_decision_measurably_slower_fails_whatever_its_bar_and_changing_nothing_never_does() -> None:
     times = (1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01)
     slower = Verdict("pass", "clears_bar", "clears the expected 0.90x", 0.9, baseline_times=times,
-                     candidate_times=tuple(t * 1.05 for t in times), block_steps=1)
-    assert slower.ci[1] < 1.0
+                     candidate_times=tuple(t * 1.1 for t in times), block_steps=1)
+    assert slower.ci[1] < common.SLOWER_BELOW
     failed = common.slower_than_leaving_it_out(slower)
-    assert failed.outcome == "fail" and failed.code == "slower_than_without" and "0.95x" in failed.reason
+    assert failed.outcome == "fail" and failed.code == "slower_than_without" and "0.91x" in failed.reason
+    # A few per cent slower, as a student's process and the grader's disagree by (the reference's lab 6
+    # FINAL re-measured 0.96x, CI 0.95-0.99x, after its own screening kept it): not a wrong decision.
+    slightly = Verdict("pass", "clears_bar", "clears the expected 0.90x", 0.9, baseline_times=times,
+                       candidate_times=tuple(t * 1.04 for t in times), block_steps=1)
+    assert slightly.ci[1] < 1.0 and slightly.ci[1] >= common.SLOWER_BELOW
+    assert common.slower_than_leaving_it_out(slightly) is slightly
     noisy = (1.0, 1.2, 0.9, 1.1, 0.95, 1.05, 1.0, 0.92)
     straddles = Verdict("inconclusive", "undecided", "", 0.9, baseline_times=times, candidate_times=noisy,
                         block_steps=1)

@@ -294,15 +294,23 @@ def verify_against_bar(baseline: Any, candidate: Any, expectation_name: Any, *, 
     return verdict, expectation
 
 
+# A decision is measurably slower than leaving it out when the re-measured CI of its speedup lies wholly
+# below this: at least 5% slower. The student decides from a measurement in the notebook's process, the
+# grader re-measures in a fresh one, and the two differ by a few per cent that no honest measurement
+# controls: the reference's own lab 6 FINAL, kept by its screening, re-measured 0.96x (CI 0.95-0.99x)
+# in one CI run. Adding a loader worker on one core reads 0.89x (CI 0.87-0.92x): below it.
+SLOWER_BELOW = 0.95
+
+
 def slower_than_leaving_it_out(verdict: Any) -> Any:
     """A decision the re-measurement finds measurably slower than leaving it out (the CI of its speedup
-    wholly below 1.0) is the wrong decision on this machine, whatever bar it clears: a fail. A decision
-    to change nothing is never slower than itself: the verifier gives it its no-change verdict untimed
-    (`perflab.verify.protocol.no_change`), which has no CI."""
+    wholly below SLOWER_BELOW) is the wrong decision on this machine, whatever bar it clears: a fail. A
+    decision to change nothing is never slower than itself: the verifier gives it its no-change verdict
+    untimed (`perflab.verify.protocol.no_change`), which has no CI."""
     import dataclasses
 
     ci = verdict.ci if verdict.outcome in ("pass", "inconclusive") else None
-    if ci is None or ci[1] >= 1.0:
+    if ci is None or ci[1] >= SLOWER_BELOW:
         return verdict
     return dataclasses.replace(verdict, outcome="fail", code="slower_than_without", reason=(
         f"re-measured speedup {verdict.speedup:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f}x): measurably slower than "
