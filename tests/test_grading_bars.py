@@ -65,7 +65,7 @@ def test_grading_warns_of_each_uncalibrated_cell_and_refuses_when_asked(monkeypa
         assert pipeline.check_calibration(["lab06_together"], graded_at, "ray") == []
     assert "Ray workers' hardware are not checked" in caplog.text and asked == ["grade", "grade"]
     with pytest.raises(pipeline.Uncalibrated, match="workers' hardware"):
-        pipeline.check_calibration(["lab06_together"], Settings(require_calibration=True), "ray")
+        pipeline.check_calibration(["lab06_together"], Settings(env={"PERFLAB_MODE": "grade"}, require_calibration=True), "ray")
     summary = pipeline.Summary(graded=("lab06_together/ann",), uncalibrated=(line,))
     assert "1 re-measured cell(s) held to the conservative rule" in summary.line()
 

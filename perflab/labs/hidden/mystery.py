@@ -169,18 +169,17 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
     scored = [p for p in planted if BY_KEY[p.key].costs_time]
     unmeasured: list[str] = []
     if savings is not None:
-        # A fix cannot make a step slower: a negative reading is noise around a bug that costs little
-        # (an honest -0.105 for a memory bug measured at 0.05, in a notebook graded beside another).
+        # A fix cannot make a step slower: a negative reading is noise around a bug that costs little.
         said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
-        timed = [p for p, _ in matched]
-        for p in timed:
-            truth, own = savings[p.key], said[p.key]
+        timed = list(said)
+        for key in timed:
+            truth, own = savings[key], said[key]
             # A tie between two bugs whose costs differ clearly (a guessed constant) orders neither.
-            misordered = any(_clearly_apart(truth, savings[q.key])
-                             and ((truth > savings[q.key]) != (own > said[q.key]) or own == said[q.key])
-                             for q in timed if q.key != p.key)
+            misordered = any(_clearly_apart(truth, savings[q])
+                             and ((truth > savings[q]) != (own > said[q]) or own == said[q])
+                             for q in timed if q != key)
             if not saving_agrees(own, truth) or misordered:
-                unmeasured.append(p.key)
+                unmeasured.append(key)
     counted = [(p, f) for p, f in matched if p.key not in unmeasured]
     located = len(counted)
     typed = sum(f.get("kind") in BY_KEY[p.key].kinds for p, f in counted)
