@@ -2,10 +2,11 @@
 
     python bench/bench_mystery.py [--ids alice bob carol] [--rounds 6]
 
-1. Each bug of the catalogue alone against the clean pipeline, at the mystery's graded sizes, in one
-   process: interleaved rounds of a few steps each, the ratio of the fastest rounds (noise only adds
-   time), on the verifier's torch thread count. A bug that costs time must cost clearly more than the
-   fix bar; a memory bug may cost none.
+1. Each bug of the catalogue alone against the clean pipeline, at each of its doses, at the mystery's
+   graded sizes, in one process: interleaved rounds of a few steps each, the ratio of the fastest rounds
+   (noise only adds time), on the verifier's torch thread count. A full dose must cost a large share of
+   a step, a light one a small share (each pipeline plants one bug light, so the savings of its bugs
+   are clearly apart); a memory bug may cost none.
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
    `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
 3. For each id: what the grader measures each bug that costs time to save (`measured_savings`, its fresh
@@ -25,6 +26,8 @@ from pathlib import Path
 
 
 def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
+    """Seconds a step of the clean pipeline (key None) and of each bug alone at each of its doses
+    ("key" at its full dose, "key (light)" at its light one)."""
     import torch
 
     from perflab import mystery
@@ -32,10 +35,16 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
     from perflab.verify.protocol import VERIFY_THREADS
 
     torch.set_num_threads(VERIFY_THREADS)  # what the grader's re-measurement runs the pipelines on
-    keys: list[str | None] = [None, *(b.key for b in CATALOGUE)]
+    variants: dict[str | None, tuple[tuple[str, ...], str | None]] = {None: ((), None)}
+    for bug in CATALOGUE:
+        variants[bug.key + (" (light)" if bug.always_light else "")] = ((bug.key,), None)
+        if bug.light:
+            variants[f"{bug.key} (light)"] = ((bug.key,), bug.key)
+    keys = list(variants)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fns = {k: mystery.for_student("bench", bugs=() if k is None else (k,)).module().make_step(0) for k in keys}
+        fns = {k: mystery.for_student("bench", bugs=bugs, light=light).module().make_step(0)
+               for k, (bugs, light) in variants.items()}
         for fn in fns.values():
             fn()
             fn()
@@ -100,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
           f"mystery pipeline: {data} set, {image_size} px, batch {batch}")
     costs = bug_costs(args.rounds, args.steps)
     clean = costs.pop(None)
-    print(f"\nclean step {clean * 1e3:.1f} ms; each bug alone (fastest of {args.rounds} rounds of {args.steps} steps):")
+    print(f"\nclean step {clean * 1e3:.1f} ms; each bug alone at each dose (fastest of {args.rounds} rounds of "
+          f"{args.steps} steps):")
     for key, seconds in costs.items():
-        print(f"  {key:16s} {seconds * 1e3:7.1f} ms  {seconds / clean:5.2f}x the clean step")
+        print(f"  {key:24s} {seconds * 1e3:7.1f} ms  {seconds / clean:5.2f}x the clean step  "
+              f"(+{(seconds - clean) * 1e3:5.1f} ms)")
     print(f"\nplanted pipeline against its fixed copy, perflab.verify, bar {FIX_BAR:.2f}x:")
     for student in args.ids:
         got = verified_fix(student)

@@ -62,6 +62,7 @@ def _release():
      "what perflab planted"),
     ("import perflab.mystery.catalogue as c\nbugs = c.CATALOGUE", "what perflab planted"),
     ("from perflab.mystery import draw\nbugs = draw('me')", "perflab.mystery.draw"),
+    ("from perflab import mystery\nlight = mystery.light_dose('me')", "perflab.mystery.light_dose"),
     # The planted truth by a spelling no text names: a computed module name, getattr, sys.modules.
     ("import importlib\nm = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
      "case = getattr(m, 'for_' + 'student')('me')", "whose name it computes"),

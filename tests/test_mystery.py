@@ -66,7 +66,7 @@ def test_each_id_draws_its_own_pipeline_and_the_same_one_every_time() -> None:
         lines = case.source.splitlines()
         for planted in case.planted:
             bug = next(b for b in CATALOGUE if b.key == planted.key)
-            assert [lines[n - 1].strip() for n in planted.lines] == [t.strip() for t in (*bug.init, *bug.lines)]
+            assert [lines[n - 1].strip() for n in planted.lines] == [t.strip() for t in bug.code(planted.dose)]
         compile(case.source, "mystery", "exec")
     # Over many ids every bug is drawn, and where a bug sits moves with the id.
     drawn = {p.key for i in range(60) for p in mystery.for_student(f"s{i}").planted}
@@ -87,16 +87,34 @@ def test_the_student_id_is_the_graders_first(monkeypatch) -> None:
 def test_every_planted_bug_trains_exactly_as_the_clean_pipeline(tiny_data) -> None:
     """A bug only costs time: the planted pipeline's losses and samples are the clean one's, so the
     grader can hold a fixed copy to the planted pipeline's training."""
-    def run(bugs: tuple[str, ...]) -> tuple[list[float], list[list[int]]]:
+    def run(bugs: tuple[str, ...], light: str | None = None) -> tuple[list[float], list[list[int]]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            step = mystery.for_student("clean", "tiny", bugs=bugs).module().make_step(3)
+            step = mystery.for_student("clean", "tiny", bugs=bugs, light=light).module().make_step(3)
             out = [step() for _ in range(3)]
         return [float(loss) for loss, _ in out], [list(i) for _, i in out]
 
     clean = run(())
     for bug in CATALOGUE:
         assert run((bug.key,)) == clean, bug.key
+        if bug.light:
+            assert run((bug.key,), light=bug.key) == clean, f"{bug.key} at its light dose"
+
+
+def test_each_pipeline_plants_one_bug_that_costs_time_at_a_light_dose_and_the_others_at_a_full_one() -> None:
+    """So the savings of a pipeline's bugs are clearly apart (what each dose costs: make bench-mystery),
+    and one guessed saving for every bug cannot agree with all of them."""
+    for i in range(200):
+        case = mystery.for_student(f"s{i}")
+        timed = [p for p in case.planted if BY_KEY[p.key].costs_time]
+        assert [p.dose for p in timed].count("light") == 1, (case.student, timed)
+        for p in timed:
+            bug = BY_KEY[p.key]
+            assert p.dose == "light" if bug.always_light else (p.dose == "full" or bool(bug.light)), p
+        # A copy with one bug left out keeps the others' doses (the grader's savings copies).
+        key = timed[0].key
+        copy = mystery.for_student(case.student, bugs=tuple(p.key for p in case.planted if p.key != key))
+        assert {p.key: p.dose for p in copy.planted} == {p.key: p.dose for p in case.planted if p.key != key}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,15 +146,15 @@ def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothi
     earns no share at all: a guess far from the bugs' costs earns nothing, and one near a typical cost
     lands in at most one time bug's band."""
     monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
-    student = "bob"  # grad_histograms (about 0.4 of a step), row_loop (about 0.1), batch_history (0)
+    student = "bob"  # grad_histograms at a light dose (about 0.01 of a step), row_loop (about 0.4), batch_history
     right = _right_answers(student)
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": right}, student).fraction == 1.0
-    # A constant guess lands in at most one of the two time bugs' bands (0.2 can land in both, unless
-    # their costs are clearly apart, and is then caught by the order rule only): never every mark.
-    for guess in (0.0, 0.2, 0.5, 0.9):
+    # A constant guess ties the bug planted light with the one planted full: neither counts, whatever
+    # bands it lands in.
+    for guess in (0.0, 0.02, 0.2, 0.5, 0.9):
         guessed = [dict(f, saves=guess) for f in right]
         mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, student)
-        assert mark.fraction <= 1 / 2 + 1e-6 and (guess != 0.9 or mark.fraction == 0.0), (guess, mark.message)
+        assert mark.fraction == 0.0, (guess, mark.message)
         assert "agrees with the grader's measurement" in mark.message
     # The right magnitudes in the wrong order: the two clearly apart lose their counts.
     by_key = {p.key: f for p, f in zip(mystery.for_student(student).planted, right, strict=True)}
@@ -190,8 +208,8 @@ def test_a_negative_saving_reads_as_none_and_a_memory_only_bug_neither_earns_nor
     can measure tells a finding of it from the planted truth read off the kit, so the diagnosis's marks
     are shared among the bugs that cost step time, and a finding at it neither earns nor costs."""
     planted = mystery.for_student("bob").planted
-    cheap = next(p for p in planted if p.key == "row_loop")
-    costly = next(p for p in planted if p.key == "grad_histograms")
+    cheap = next(p for p in planted if p.key == "grad_histograms")  # planted light
+    costly = next(p for p in planted if p.key == "row_loop")
     memory_only = next(p for p in planted if p.key == "batch_history")
     assert not BY_KEY[memory_only.key].costs_time and all(BY_KEY[p.key].costs_time for p in (cheap, costly))
     savings = {cheap.key: 0.05, costly.key: 0.4, memory_only.key: 0.10}
@@ -215,7 +233,7 @@ def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> Non
     savings (any two distinct readings in the right order) keep them."""
     planted = mystery.for_student("bob").planted
     cheap, costly, memory_only = (next(p for p in planted if p.key == k)
-                                  for k in ("row_loop", "grad_histograms", "batch_history"))
+                                  for k in ("grad_histograms", "row_loop", "batch_history"))
     savings = {cheap.key: 0.1, costly.key: 0.3, memory_only.key: 0.0}
     assert judges.saving_agrees(0.2, 0.1) and judges.saving_agrees(0.2, 0.3)
     constant = [_finding(p.lines[-1], p.kind, p.function, 0.2) for p in planted]
@@ -225,12 +243,33 @@ def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> Non
     assert judges.score_diagnosis(measured, planted, savings).fraction == 1.0
 
 
+def test_a_bug_planted_light_must_save_less_than_one_planted_full_even_where_one_reading_cannot_tell() -> None:
+    """Each pipeline plants one bug that costs time at a light dose: its saving is below every full one's by
+    design, so the diagnosis must order them so whatever one noisy reading says (here the grader read 0.05
+    and 0.12, not clearly apart); a guessed constant ties them and loses both, the honest order keeps them,
+    and the reversed order loses them."""
+    case = next(c for c in (mystery.for_student(f"s{i}") for i in range(200))
+                if sum(BY_KEY[p.key].costs_time for p in c.planted) == 2)
+    light, full = sorted((p for p in case.planted if BY_KEY[p.key].costs_time), key=lambda p: p.dose != "light")
+    assert (light.dose, full.dose) == ("light", "full")
+    savings = {light.key: 0.05, full.key: 0.12}
+    assert not judges._clearly_apart(0.05, 0.12)
+
+    def score(own: dict[str, float]) -> judges.DiagnosisScore:
+        findings = [_finding(p.lines[-1], p.kind, p.function, own.get(p.key, 0.0)) for p in case.planted]
+        return judges.score_diagnosis(findings, case.planted, savings)
+
+    assert score({light.key: 0.08, full.key: 0.08}).fraction == 0.0  # a constant, in both bands
+    assert score({light.key: 0.03, full.key: 0.09}).fraction == 1.0  # measured: the light one saves less
+    assert set(score({light.key: 0.09, full.key: 0.07}).unmeasured) == {light.key, full.key}
+
+
 def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagree_with_it(monkeypatch) -> None:
     """The grader measures once; where a finding disagrees, it measures again in a fresh process and judges
     each finding against the better of the two (a noisy grader reading costs an honest student nothing)."""
     planted = mystery.for_student("bob", "tiny").planted
-    first = {"row_loop": 0.02, "grad_histograms": 0.4, "batch_history": 0.0}  # a noisy first reading
-    second = {"row_loop": 0.12, "grad_histograms": 0.38, "batch_history": 0.0}
+    first = {"grad_histograms": 0.02, "row_loop": 0.4, "batch_history": 0.0}  # a noisy first reading
+    second = {"grad_histograms": 0.12, "row_loop": 0.38, "batch_history": 0.0}
     calls: list[int] = []
 
     def fake(student: str, mode: str | None, attempt: int = 0) -> dict[str, float]:
@@ -239,7 +278,7 @@ def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagr
 
     monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
     monkeypatch.setattr(judges, "measured_savings", fake)
-    honest = [_finding(p.lines[-1], p.kind, p.function, {"row_loop": 0.13, "grad_histograms": 0.41}.get(p.key, 0.0))
+    honest = [_finding(p.lines[-1], p.kind, p.function, {"grad_histograms": 0.13, "row_loop": 0.41}.get(p.key, 0.0))
               for p in planted]
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": honest}, "bob").fraction == 1.0 and calls == [0, 1]
     calls.clear()
@@ -247,7 +286,7 @@ def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagr
     mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, "bob")
     assert mark.fraction == 0.0 and calls == [0, 1] and "measured here" in mark.message
     calls.clear()
-    assert _mark("mystery_diagnosis", {"DIAGNOSIS": [dict(f, saves={"row_loop": 0.02}.get(p.key, f["saves"]))
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": [dict(f, saves={"grad_histograms": 0.02}.get(p.key, f["saves"]))
                                                      for p, f in zip(planted, honest, strict=True)]},
                  "bob").fraction == 1.0 and calls == [0]  # agrees with the first: no second measurement
 
@@ -549,18 +588,18 @@ def test_the_reference_investigation_finds_every_planted_bug_and_its_fix_is_veri
 
 
 def test_a_submission_that_works_on_another_ids_pipeline_scores_no_more_than_a_blank(tiny_data, tmp_path) -> None:
-    """Graded as 'mallory', the reference notebook with its kernel told to draw dave's pipeline (so it
-    diagnoses, fixes and traces dave's, honestly and right) earns nothing of the investigation: the grader
+    """Graded as 'mallory', the reference notebook with its kernel told to draw erin's pipeline (so it
+    diagnoses, fixes and traces erin's, honestly and right) earns nothing of the investigation: the grader
     judges mallory's pipeline, whatever the kernel drew, and flags the changed id for a person."""
     import nbformat
 
     from perflab.labs import build
 
-    victim, cheat = mystery.for_student("mallory"), mystery.for_student("dave")
+    victim, cheat = mystery.for_student("mallory"), mystery.for_student("erin")
     assert not ({n for p in cheat.planted for n in p.lines} & {n for p in victim.planted for n in p.accepted_lines})
     nb = build.read_notebook(build.source_notebook(LAB))
     cell = next(c for c in nb.cells if "MY_ID = " in c.source)
-    cell.source = f'import os\nos.environ["{mystery.STUDENT_ENV}"] = "dave"\n' + cell.source
+    cell.source = f'import os\nos.environ["{mystery.STUDENT_ENV}"] = "erin"\n' + cell.source
     path = tmp_path / f"{LAB}.ipynb"
     nbformat.write(nb, path)
     run = H.autograde(H.course_for(LAB), LAB, "mallory", path)
@@ -600,7 +639,7 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
 
     from perflab.labs import build
 
-    student = "bob"  # its bugs' savings differ clearly: a constant guess cannot order them
+    student = "bob"  # grad_histograms planted light, row_loop full: a constant guess cannot order them
     nb = build.read_notebook(build.source_notebook(LAB))
     cell = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "mystery_investigation")
     cell.source = cell.source.replace("### END SOLUTION", TRUTH_READERS["computed_import"].replace("{saves}", "0.1")
@@ -610,24 +649,28 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
     run = H.autograde(H.course_for(LAB), LAB, student, path)
     scores = {s.grade_id: s.auto_score for s in run.autograded}
     if judges.GATE_ON_SAVINGS:
-        # At most half: the memory-only bug earns no share, and a constant near a typical cost may land in
-        # one time bug's band (0.1 for bob's row_loop, never grad_histograms' at about 0.4), and only where
-        # the two costs are not clearly apart (a tie orders neither); the flag is what brings a person to it.
-        assert scores["mystery_diagnosis"] <= 4 + 1e-3, run.shortfalls()
+        # Nothing: the memory-only bug earns no share, and a constant ties the bug planted light with the
+        # one planted full (a tie orders neither, so both lose their counts); the flag brings a person.
+        assert scores["mystery_diagnosis"] == 0, run.shortfalls()
     assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
     assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags
 
 
 def test_the_bench_states_what_a_constant_truth_reader_earns_where_costs_are_close_or_apart(monkeypatch) -> None:
-    """`make bench-mystery` reports, per id, the most a truth reader typing one constant saving earns: all of
-    it where every bug's cost lies within the agreement band of one constant, none where two costs are
-    clearly apart (a tie orders neither, and no constant agrees with both)."""
+    """`make bench-mystery` reports, per id, the most a truth reader typing one constant saving earns: none
+    on a pipeline as drawn (its light bug and a full one tie), even where one reading puts every bug's cost
+    within one band; and all of it where the bugs were planted at one dose with costs within one band."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import bench_mystery
 
-    readings = {"bob": {"grad_histograms": 0.39, "row_loop": 0.13},  # clearly apart
+    readings = {"bob": {"grad_histograms": 0.02, "row_loop": 0.39},  # clearly apart
                 "alice": {"python_collate": 0.06, "row_loop": 0.15}}  # within one band
     monkeypatch.setattr(judges, "measured_savings", lambda student, mode, attempt=0: readings[student])
     assert bench_mystery.constant_truth_reader("bob")[1:] == (0.0, None)
-    savings, best, constant = bench_mystery.constant_truth_reader("alice")
-    assert savings == readings["alice"] and best == 1.0 and constant is not None
+    assert bench_mystery.constant_truth_reader("alice") == (readings["alice"], 0.0, None)
+    # bob's two bugs at one dose (a pipeline as none is drawn), read within one band: a constant earns it all.
+    drawn = mystery.for_student
+    monkeypatch.setattr(mystery, "for_student", lambda student, *a, **k: drawn(student, *a, **k, light=None))
+    readings["bob"] = {"grad_histograms": 0.12, "row_loop": 0.15}
+    savings, best, constant = bench_mystery.constant_truth_reader("bob")
+    assert savings == readings["bob"] and best == 1.0 and constant is not None

@@ -300,8 +300,8 @@ def _scan_hooks_env_paths(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
 # measuring the pipeline (lab01_mystery, mystery.student_id) are the lab's own tools.
 PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.draw", "perflab.mystery.catalogue",
                  "perflab.mystery.template", "perflab.mystery.planted_step", "perflab.mystery.Mystery",
-                 "perflab.mystery.Planted", "perflab.mystery.CATALOGUE")
-PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines"})
+                 "perflab.mystery.Planted", "perflab.mystery.CATALOGUE", "perflab.mystery.light_dose")
+PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines", "dose"})
 
 
 IMPORTERS = frozenset({"importlib.import_module", "__import__", "importlib.__import__", "builtins.__import__"})

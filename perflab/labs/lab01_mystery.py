@@ -261,7 +261,7 @@ def trace_events(path: str | os.PathLike[str] | dict[str, Any]) -> list[list[Any
 # What torch.profiler writes at the top of every Chrome trace it exports (the grader checks them).
 PROFILER_META = ("schemaVersion", "deviceProperties", "trace_id", "baseTimeNanoseconds", "displayTimeUnit")
 # The ops a trace summary counts per profiled step: the model's convolutions, and ops that planted bugs
-# add or remove (histograms of the gradients, a tensor op per image row, the copies of a weight snapshot,
+# add or remove (histograms of the gradients, a tensor op per few image rows, the copies of a weight snapshot,
 # the default collate's stack).
 COUNTED_OPS = ("aten::convolution", "aten::histc", "aten::sub", "aten::clone", "aten::stack")
 CONV_NODE = BACKWARD_NODE + "ConvolutionBackward0"

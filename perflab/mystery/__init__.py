@@ -27,8 +27,8 @@ from typing import Any
 from perflab.mystery import template
 from perflab.mystery.catalogue import BY_KEY, CATALOGUE, CLEAN, KINDS, TOOLS, Bug
 
-__all__ = ["BUGS_PER_PIPELINE", "KINDS", "TOOLS", "Mystery", "Planted", "for_student", "planted_step",
-           "sizes_for", "student_id"]
+__all__ = ["BUGS_PER_PIPELINE", "KINDS", "TOOLS", "Mystery", "Planted", "for_student", "light_dose",
+           "planted_step", "sizes_for", "student_id"]
 
 BUGS_PER_PIPELINE = 3
 # Sites that take more than one bug (several things can go wrong after a step).
@@ -52,6 +52,7 @@ class Planted:
     lines: tuple[int, ...]
     function: str  # qualified, e.g. "Trainer.step"
     helper_lines: tuple[int, ...] = ()  # lines of a function only it calls (a finding there counts too)
+    dose: str = "full"  # "light" for the one bug planted on a small part of the work (`light_dose`)
 
     @property
     def accepted_lines(self) -> frozenset[int]:
@@ -108,7 +109,8 @@ def _slug(text: str) -> str:
 
 def draw(student: str) -> tuple[Bug, ...]:
     """The bugs planted for `student`: BUGS_PER_PIPELINE of the catalogue, at most one per site
-    (SITE_CAPACITY aside), of at least two bottleneck types."""
+    (SITE_CAPACITY aside), of at least two bottleneck types, one of them a bug that costs time and can
+    take a light dose."""
     rng = random.Random(_seed(student))
     while True:
         order = list(CATALOGUE)
@@ -120,17 +122,39 @@ def draw(student: str) -> tuple[Bug, ...]:
                 chosen.append(bug)
             if len(chosen) == BUGS_PER_PIPELINE:
                 break
-        if len({b.kind for b in chosen}) >= 2:
+        # One bug that costs time must be able to take a light dose (`light_dose`).
+        if len({b.kind for b in chosen}) >= 2 and any(b.costs_time and (b.light or b.always_light) for b in chosen):
             return tuple(chosen)
 
 
-def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | None = None) -> Mystery:
-    """`student`'s pipeline (`bugs`: these catalogue keys instead of the drawn ones; () for a clean one)."""
+def light_dose(student: str, chosen: tuple[Bug, ...] | None = None) -> str | None:
+    """The key of the bug `student`'s pipeline plants at a light dose (None when it has none): the bug
+    that is always light where one was drawn, else one drawn at random of those with a light dose. The
+    other bugs that cost time are planted at a full dose, so the light one's saving is clearly apart from
+    theirs (`catalogue.Bug.light`)."""
+    timed = [b for b in (draw(student) if chosen is None else chosen) if b.costs_time]
+    always = [b.key for b in timed if b.always_light]
+    if always:
+        return always[0]
+    candidates = [b.key for b in timed if b.light]
+    return random.Random(_seed(student) ^ 0xD05E).choice(candidates) if candidates else None
+
+
+_DRAWN = "<drawn>"
+
+
+def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | None = None,
+                light: str | None = _DRAWN) -> Mystery:
+    """`student`'s pipeline (`bugs`: these catalogue keys instead of the drawn ones; () for a clean one).
+    `light`: the bug planted at a light dose (default: the one drawn for `student`, so a copy with some
+    bugs left out keeps the others' doses; None plants every bug at its full dose)."""
     student = str(student)
     if not student.strip():
         raise ValueError("student: an empty id draws no pipeline")
     rng = random.Random(_seed(student) ^ 0x5EED)
     chosen = draw(student) if bugs is None else tuple(BY_KEY[k] for k in bugs)
+    if light == _DRAWN:
+        light = light_dose(student)
     data, image_size, batch_size = sizes_for(mode)
     run_id = rng.randrange(1, 1_000_000)
     helpers = list(template.HELPERS)
@@ -139,9 +163,14 @@ def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | N
     head = template.HEADER.format(student=student, filename=FILENAME, data=data, image_size=image_size,
                                   batch_size=batch_size, run_id=run_id)
     text = head + "".join("\n" + h for h in helpers) + template.DATASET + template.TRAINER
-    by_site: dict[str, list[Bug]] = {}
+    doses = {b.key: ("light" if b.always_light or (b.key == light and b.light) else "full") for b in chosen}
+    by_site: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     for bug in chosen:
-        by_site.setdefault(bug.site, []).append(bug)
+        lines = bug.light if doses[bug.key] == "light" and bug.light else bug.lines
+        by_site.setdefault(bug.site, []).append((bug.key, lines))
+        if doses[bug.key] == "full":
+            for site, also in bug.also:
+                by_site.setdefault(site, []).append((bug.key, also))
     out: list[str] = []
     where: dict[str, list[int]] = {b.key: [] for b in chosen}
     for line in text.splitlines():
@@ -150,24 +179,24 @@ def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | N
             out.append(line)
             continue
         indent, name = site.group("indent"), site.group("site")
-        placed = by_site.get(name, [])
         if name == "init":
             for bug in chosen:
                 for code in bug.init:
                     out.append(indent + code)
                     where[bug.key].append(len(out))
             continue
+        placed = by_site.get(name, [])
         if not placed:
             out.extend(indent + code for code in CLEAN[name])
-        for bug in placed:
-            for code in bug.lines:
+        for key, lines in placed:
+            for code in lines:
                 out.append(indent + code)
-                where[bug.key].append(len(out))
+                where[key].append(len(out))
     source = "\n".join(out) + "\n"
     functions = _functions(out)
     planted = tuple(Planted(b.key, b.kind, tuple(sorted(where[b.key])), functions[max(where[b.key]) - 1],
                             tuple(i + 1 for i, f in enumerate(functions)
-                                  if f.split(".")[0] in b.helpers and out[i].strip()))
+                                  if f.split(".")[0] in b.helpers and out[i].strip()), doses[b.key])
                     for b in chosen)
     return Mystery(student, source, planted, run_id)
 

@@ -3,8 +3,11 @@
 Each bug is code a real training script carries: it trains exactly as the clean script does (the same
 losses, the same samples), only slower, and one of lab 1's tools shows it. A bug puts its lines at one
 site of the template (`perflab.mystery.template`), replacing that site's clean lines; some also need
-a line of state in `Trainer.__init__` (`init`). What it costs on a 2-core CPU at the graded sizes is
-measured by `make bench-mystery`, never assumed.
+a line of state in `Trainer.__init__` (`init`). A bug that costs time comes at a full dose and, for most,
+a light one (the same mistake on a small part of the work); each pipeline plants one of its bugs light
+and the others full, so what fixing each saves differs clearly, and a diagnosis must get the order right
+(the grader's judge of the diagnosis). What each dose costs on a 2-core CPU at the graded sizes
+is measured by `make bench-mystery`, never assumed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ CLEAN: dict[str, tuple[str, ...]] = {
     "init": (),
     "input": (),
     "forward": ('with record_function("forward"):',),
+    "backward": ('with record_function("backward"):',),
     "after_backward": (),
     "after_step": (),
 }
@@ -47,6 +51,20 @@ class Bug:
     # of a step is the allocator's page faults, which depend on the process's history (the grader's
     # fresh process read 0.05-0.10 where the student's kernel read -0.1-0.0).
     costs_time: bool = True
+    # Its dose. `lines` cost a full dose (a large share of a step); `light`, where a bug has one, is the
+    # same mistake on a small part of the work (a few parameters, a few images), costing a small share;
+    # `always_light` marks a bug whose `lines` cost only a small share already. Each pipeline plants one
+    # of its bugs that cost time at a light dose and the others at a full one, so their savings are
+    # clearly apart (`perflab.mystery.doses`): one guessed saving for every bug cannot agree with all.
+    light: tuple[str, ...] = ()
+    always_light: bool = False
+    also: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (site, lines) a full dose also replaces
+
+    def code(self, dose: str = "full") -> tuple[str, ...]:
+        """Every line it plants at `dose` ("full" or "light"), in the order they appear in a pipeline."""
+        light = dose == "light" and bool(self.light)
+        return (*self.init, *(self.light if light else self.lines),
+                *(line for _, lines in (() if light or self.always_light else self.also) for line in lines))
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -54,8 +72,10 @@ class Bug:
         return (self.kind, *self.accepts)
 
     def __post_init__(self) -> None:
-        if self.site not in CLEAN:
+        if self.site not in CLEAN or any(site not in CLEAN for site, _ in self.also):
             raise ValueError(f"{self.key}: no site {self.site!r}")
+        if self.light and self.always_light:
+            raise ValueError(f"{self.key}: a light dose of a bug that is always light")
         if self.kind not in KINDS or self.tool not in TOOLS:
             raise ValueError(f"{self.key}: kind {self.kind!r} or tool {self.tool!r} unknown")
 
@@ -63,42 +83,56 @@ class Bug:
 CATALOGUE: tuple[Bug, ...] = (
     Bug("pixel_list", "load",
         ("small = image.resize((IMAGE_SIZE, IMAGE_SIZE))",
-         "array = np.array([[small.getpixel((x, y)) for x in range(IMAGE_SIZE)] for y in range(IMAGE_SIZE)],",
-         "                 dtype=np.float32) / 255.0"),
+         "array = np.array([[[small.getpixel((x, y))[c] for c in range(3)] for x in range(IMAGE_SIZE)]",
+         "                  for y in range(IMAGE_SIZE)], dtype=np.float32) / 255.0"),
         "data", "line_profiler",
         "one line of __getitem__ holds most of the data time: the image is read one pixel at a time",
-        "np.asarray(image.resize(...)) reads all pixels at once, without a Python object for each"),
+        "np.asarray(image.resize(...)) reads all pixels at once, without a Python object for each",
+        light=("small = image.resize((IMAGE_SIZE, IMAGE_SIZE))",
+               "array = np.array(list(small.getdata()), dtype=np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 3) / 255.0")),
     Bug("row_loop", "normalize",
         ("for c in range(3):",
          "    for row in range(IMAGE_SIZE):",
-         "        tensor[c, row] = (tensor[c, row] - MEAN_VALUES[c]) / STD_VALUES[c]"),
+         "        for half in (slice(0, IMAGE_SIZE // 2), slice(IMAGE_SIZE // 2, IMAGE_SIZE)):",
+         "            tensor[c, row, half] = (tensor[c, row, half] - MEAN_VALUES[c]) / STD_VALUES[c]"),
         "data", "line_profiler",
         "the normalisation runs one tensor operation per row of each channel: thousands of hits a batch",
-        "normalise the whole tensor at once: (tensor - MEAN) / STD"),
+        "normalise the whole tensor at once: (tensor - MEAN) / STD",
+        light=("for c in range(3):",
+               "    for row in range(0, IMAGE_SIZE, 8):",
+               "        tensor[c, row:row + 8] = (tensor[c, row:row + 8] - MEAN_VALUES[c]) / STD_VALUES[c]")),
     Bug("python_collate", "collate", ("collate_fn=python_collate,",),
         "data", "cProfile",
-        "python_collate and Tensor.tolist take a large share of the data time",
+        "python_collate and Tensor.tolist show in the data time: every pixel goes through a Python float",
         "drop collate_fn: the default collate stacks the tensors without going through Python lists",
-        helpers=("python_collate",)),
+        helpers=("python_collate",), always_light=True),
     Bug("grad_histograms", "after_backward",
         ("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
          "                   for name, p in self.model.named_parameters()}"),
         "sync", "torch.profiler",
         "aten::histc over every gradient, read back to Python, every step (on a GPU each read waits for it)",
-        "compute histograms only on the steps that log them", accepts=("compute",)),
+        "compute histograms only on the steps that log them", accepts=("compute",),
+        light=("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
+               "                   for name, p in self.model.named_parameters() if name.startswith(\"fc.\")}")),
     Bug("anomaly", "forward",
         ('with record_function("forward"), torch.autograd.detect_anomaly():  # catch NaNs early',),
         "sync", "cProfile",
         "every forward op records a Python stack trace for anomaly mode (traceback functions fill a step)",
-        "anomaly detection is a debugging aid: leave it off for training", accepts=("compute",)),
-    Bug("eval_accuracy", "after_step", ("self.train_accuracy = accuracy(self.model, images, labels)",),
+        "anomaly detection is a debugging aid: leave it off for training", accepts=("compute",),
+        also=(("backward", ('with record_function("backward"), torch.autograd.detect_anomaly():',)),)),
+    Bug("eval_accuracy", "after_step",
+        ("self.train_accuracy = accuracy(self.model, torch.cat([images, images.flip(-1)]),  # with flips",
+         "                               labels.repeat(2))"),
         "compute", "torch.profiler",
         "every step runs the model's forward ops twice (twice the convolutions of one forward)",
         "measure accuracy once at the end, or from the outputs the step already has", helpers=("accuracy",)),
-    Bug("snapshot", "after_step", ("self.best_model = copy.deepcopy(self.model)  # keep the best weights",),
+    Bug("snapshot", "after_step",
+        ("self.best = (copy.deepcopy(self.model),  # keep the best checkpoint",
+         "             copy.deepcopy(self.optimizer.state_dict()))"),
         "memory", "memory profiler",
         "a copy of every weight is allocated each step (tens of MiB per step through the allocator)",
-        "keep the best weights only when they are the best, once, not a copy every step"),
+        "keep the best weights only when they are the best, once, not a copy every step",
+        light=("self.best_head = copy.deepcopy(self.model.fc)  # keep the best classifier",)),
     Bug("batch_history", "after_step", ("self.seen.append(images)  # for a confusion matrix at the end",),
         "memory", "memory profiler",
         "resident memory grows by one batch every step and is never given back: every batch stays referenced",

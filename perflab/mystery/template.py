@@ -89,7 +89,7 @@ DATASET = '''
 
 def python_collate(batch):
     """Stack (image, label, index) samples into one batch."""
-    images = torch.tensor([image.tolist() for image, _, _ in batch])
+    images = torch.tensor(np.array([image.tolist() for image, _, _ in batch], dtype=np.float32))
     labels = torch.tensor([label for _, label, _ in batch])
     indices = torch.tensor([index for _, _, index in batch])
     return images, labels, indices
@@ -164,7 +164,7 @@ class Trainer:
         #@ forward
             outputs = self.model(images)
             loss = self.criterion(outputs, labels)
-        with record_function("backward"):
+        #@ backward
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         #@ after_backward

@@ -55,10 +55,9 @@ GATE_ON_SAVINGS = True
 # How long the grader's measuring child may take (tiny mode: about 8 s here).
 SAVING_TIMEOUT_S = 180.0
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
-# On the verifier's one thread at the graded sizes each planted bug that costs time costs 1.07-1.78x
-# (python_collate least), and every pipeline holds at least two of them (only batch_history costs
-# memory, not time), so fixing them all gains about 1.2x or more (`make bench-mystery`: 1.38-2.14x for
-# three ids); an unchanged copy is 1.0x.
+# Every pipeline holds at least one bug planted at a full dose, which costs 1.3-1.8x the clean step on
+# the verifier's one thread at the graded sizes (`make bench-mystery`), so fixing them all gains about
+# 1.3x or more (1.47-2.19x over eight ids); an unchanged copy is 1.0x.
 FIX_BAR = 1.10
 # The trace answers: how close to the grader's parse of the same file a number must be.
 STEP_MS_REL = 0.02
@@ -149,7 +148,8 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
     bug count once); the type counts where the location does. With `savings` (the grader's measurement,
     bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
-    order against the other bugs agrees where the grader's savings differ clearly. The marks are shared
+    order against the other bugs agrees where the grader's savings differ clearly or the two were
+    planted at different doses (`mystery.Planted.dose`). The marks are shared
     among the bugs that cost step time: a bug that only holds memory (`Bug.costs_time=False`) saves no
     step time the grader can measure, so the planted truth alone would earn its share; a finding at it
     neither earns nor costs. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
@@ -172,11 +172,16 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mys
         # A fix cannot make a step slower: a negative reading is noise around a bug that costs little.
         said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
         timed = list(said)
+        dose = {p.key: p.dose for p in planted}
         for key in timed:
             truth, own = savings[key], said[key]
-            # A tie between two bugs whose costs differ clearly (a guessed constant) orders neither.
-            misordered = any(_clearly_apart(truth, savings[q])
-                             and ((truth > savings[q]) != (own > said[q]) or own == said[q])
+            # Two bugs are apart where the grader's savings differ clearly, or where they were planted at
+            # different doses (a light one saves less than a full one by design, whatever the noise of
+            # one measurement): their order must be the diagnosis's, and a tie (a guessed constant)
+            # orders neither.
+            misordered = any((_clearly_apart(truth, savings[q]) or dose[key] != dose[q])
+                             and ((truth > savings[q] if dose[key] == dose[q] else dose[key] == "full")
+                                  != (own > said[q]) or own == said[q])
                              for q in timed if q != key)
             if not saving_agrees(own, truth) or misordered:
                 unmeasured.append(key)
@@ -346,16 +351,20 @@ RESNET18_PARAMS = 62
 MIN_STEP_OPS = 200
 
 
-def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any]]:
+def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]:
     """Per planted bug that leaves its own ops in a step's trace: (what shows, a test of a step's summary
-    that holds when the bug is there and fails when it is not), measured on traces of each bug alone."""
+    that holds when the bug is there and fails when it is not, whether the test holds at the bug's light
+    dose too), measured on traces of each bug alone at each dose."""
     return {
-        "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1),
-        "row_loop": ("an aten::sub per image row", lambda s: s["counted"]["aten::sub"] >= 3 * image_size * batch),
+        "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1, True),
+        # A tensor op per row, or per few rows at a light dose; the clean pipeline subtracts once an image.
+        "row_loop": ("an aten::sub per few image rows",
+                     lambda s: s["counted"]["aten::sub"] >= 3 * (image_size // 8) * batch, True),
         "eval_accuracy": ("a second forward's convolutions",
-                          lambda s: s["counted"]["aten::convolution"] >= 2 * RESNET18_CONVS),
-        "snapshot": ("a clone of every weight", lambda s: s["counted"]["aten::clone"] >= RESNET18_PARAMS),
-        "python_collate": ("no aten::stack of the default collate", lambda s: s["counted"]["aten::stack"] == 0),
+                          lambda s: s["counted"]["aten::convolution"] >= 2 * RESNET18_CONVS, True),
+        # A light dose copies two tensors, fewer than the clones any step records: no test there.
+        "snapshot": ("a clone of every weight", lambda s: s["counted"]["aten::clone"] >= RESNET18_PARAMS, False),
+        "python_collate": ("no aten::stack of the default collate", lambda s: s["counted"]["aten::stack"] == 0, True),
     }
 
 
@@ -382,6 +391,7 @@ def trace_not_genuine(summary: Any, planted: mystery.Mystery, mode: str | None) 
     image_size, batch = mystery.sizes_for(mode)[1:]
     signatures = _signatures(image_size, batch)
     planted_keys = {p.key for p in planted.planted}
+    untested = {p.key for p in planted.planted if p.dose == "light" and not signatures.get(p.key, ("", None, True))[2]}
     for step in steps:
         try:
             name = step["name"]
@@ -394,8 +404,8 @@ def trace_not_genuine(summary: Any, planted: mystery.Mystery, mode: str | None) 
                         f"{RESNET18_CONVS} ConvolutionBackward0 nodes in its backward label")
             if step["ops"] < MIN_STEP_OPS:
                 return f"{name} holds {step['ops']} ops, fewer than one training step of the pipeline records"
-            for key, (shows, test) in signatures.items():
-                if bool(test(step)) != (key in planted_keys):
+            for key, (shows, test, _) in signatures.items():
+                if key not in untested and bool(test(step)) != (key in planted_keys):
                     return (f"{name} {'lacks' if key in planted_keys else 'holds'} {shows}, which your pipeline "
                             f"{'has' if key in planted_keys else 'does not have'}: a trace of another pipeline")
         except (KeyError, TypeError):
