@@ -278,7 +278,7 @@ def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagr
 
     monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
     monkeypatch.setattr(judges, "measured_savings", fake)
-    honest = [_finding(p.lines[-1], p.kind, p.function, {"grad_histograms": 0.13, "row_loop": 0.41}.get(p.key, 0.0))
+    honest = [_finding(p.lines[-1], p.kind, p.function, {"grad_histograms": 0.2, "row_loop": 0.41}.get(p.key, 0.0))
               for p in planted]
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": honest}, "bob").fraction == 1.0 and calls == [0, 1]
     calls.clear()
@@ -561,7 +561,7 @@ def _solution_cells() -> tuple[str, list[str]]:
     return cells[0].source, [c.source for c in cells[start:stop]]
 
 
-@pytest.mark.parametrize("student", IDS)
+@pytest.mark.parametrize("student", [*IDS, "judy"])  # judy: anomaly on two lines, a light snapshot
 def test_the_reference_investigation_finds_every_planted_bug_and_its_fix_is_verified(
         student: str, tiny_data, tmp_path, monkeypatch) -> None:
     """The solution's part 10, run as `student` (its hidden blocks run the grader's judges in this

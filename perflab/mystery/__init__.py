@@ -147,7 +147,7 @@ def for_student(student: str, mode: str | None = None, bugs: tuple[str, ...] | N
                 light: str | None = _DRAWN) -> Mystery:
     """`student`'s pipeline (`bugs`: these catalogue keys instead of the drawn ones; () for a clean one).
     `light`: the bug planted at a light dose (default: the one drawn for `student`, so a copy with some
-    bugs left out keeps the others' doses; None plants every bug at its full dose)."""
+    bugs left out keeps the others' doses; None plants every bug that has a full dose at it)."""
     student = str(student)
     if not student.strip():
         raise ValueError("student: an empty id draws no pipeline")

@@ -3,8 +3,9 @@
 Each bug is code a real training script carries: it trains exactly as the clean script does (the same
 losses, the same samples), only slower, and one of lab 1's tools shows it. A bug puts its lines at one
 site of the template (`perflab.mystery.template`), replacing that site's clean lines; some also need
-a line of state in `Trainer.__init__` (`init`). A bug that costs time comes at a full dose and, for most,
-a light one (the same mistake on a small part of the work); each pipeline plants one of its bugs light
+a line of state in `Trainer.__init__` (`init`). A bug that costs time comes at a full dose, a light one
+(the same mistake on a small part of the work, or done more cheaply), or both; each pipeline plants one
+of its bugs light
 and the others full, so what fixing each saves differs clearly, and a diagnosis must get the order right
 (the grader's judge of the diagnosis). What each dose costs on a 2-core CPU at the graded sizes
 is measured by `make bench-mystery`, never assumed.
@@ -52,10 +53,11 @@ class Bug:
     # fresh process read 0.05-0.10 where the student's kernel read -0.1-0.0).
     costs_time: bool = True
     # Its dose. `lines` cost a full dose (a large share of a step); `light`, where a bug has one, is the
-    # same mistake on a small part of the work (a few parameters, a few images), costing a small share;
+    # same mistake on a small part of the work (a few parameters, eight rows at a time, the head) or done
+    # more cheaply (pixels through getdata), costing a small share;
     # `always_light` marks a bug whose `lines` cost only a small share already. Each pipeline plants one
     # of its bugs that cost time at a light dose and the others at a full one, so their savings are
-    # clearly apart (`perflab.mystery.doses`): one guessed saving for every bug cannot agree with all.
+    # clearly apart (`perflab.mystery.light_dose`): one guessed saving for every bug cannot agree with all.
     light: tuple[str, ...] = ()
     always_light: bool = False
     also: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (site, lines) a full dose also replaces
@@ -96,7 +98,8 @@ CATALOGUE: tuple[Bug, ...] = (
          "        for half in (slice(0, IMAGE_SIZE // 2), slice(IMAGE_SIZE // 2, IMAGE_SIZE)):",
          "            tensor[c, row, half] = (tensor[c, row, half] - MEAN_VALUES[c]) / STD_VALUES[c]"),
         "data", "line_profiler",
-        "the normalisation runs one tensor operation per row of each channel: thousands of hits a batch",
+        "the normalisation runs one tensor operation per part of a row (or per few rows) of each channel: "
+        "hundreds to thousands of hits a batch",
         "normalise the whole tensor at once: (tensor - MEAN) / STD",
         light=("for c in range(3):",
                "    for row in range(0, IMAGE_SIZE, 8):",
@@ -110,7 +113,7 @@ CATALOGUE: tuple[Bug, ...] = (
         ("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
          "                   for name, p in self.model.named_parameters()}"),
         "sync", "torch.profiler",
-        "aten::histc over every gradient, read back to Python, every step (on a GPU each read waits for it)",
+        "aten::histc over the gradients, read back to Python, every step (on a GPU each read waits for it)",
         "compute histograms only on the steps that log them", accepts=("compute",),
         light=("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
                "                   for name, p in self.model.named_parameters() if name.startswith(\"fc.\")}")),
@@ -130,7 +133,7 @@ CATALOGUE: tuple[Bug, ...] = (
         ("self.best = (copy.deepcopy(self.model),  # keep the best checkpoint",
          "             copy.deepcopy(self.optimizer.state_dict()))"),
         "memory", "memory profiler",
-        "a copy of every weight is allocated each step (tens of MiB per step through the allocator)",
+        "a copy of the weights is allocated each step (tens of MiB per step through the allocator at a full dose)",
         "keep the best weights only when they are the best, once, not a copy every step",
         light=("self.best_head = copy.deepcopy(self.model.fc)  # keep the best classifier",)),
     Bug("batch_history", "after_step", ("self.seen.append(images)  # for a confusion matrix at the end",),

@@ -1001,7 +1001,9 @@ print(verdict)
 #   **8 points**, shared among the bugs that cost step time, a share per bug for the line and for the
 #   type. The grader measures what each such bug costs its own copy of your pipeline, and counts a
 #   finding only when your saving agrees with its measurement (within a factor of 2, and in the same
-#   order where two bugs' costs differ clearly): knowing where a bug is does not say what it costs. A
+#   order where two bugs' costs differ clearly; one of your bugs was planted to cost little, and it must
+#   save less than each of the others, a tie orders neither): knowing where a bug is does not say what
+#   it costs. A
 #   bug that only holds memory saves no step time to agree on, so no measurement can tell finding it
 #   from reading it off the kit: report it and fix it all the same (a long run dies of it), but it
 #   earns no share, and a finding at it costs nothing. A finding at a line with no bug costs as much as
@@ -1171,8 +1173,8 @@ def statement_span(line):
 
 
 findings, edits, fixed_at = [], {}, []  # fixed_at[i]: the lines of findings[i]'s edits
-for row in costs:  # costliest first; a line under 0.1% of a step is more noise than finding
-    if row.share < 0.001 or any(token in row.text for token in ESSENTIAL):
+for row in costs:  # costliest first; a line that ran is a line the measurement shows, however cheap
+    if row.hits_per_step <= 0 or any(token in row.text for token in ESSENTIAL):
         continue
     known = next((k for k in KNOWN if _re.search(k[0], row.text)), None)
     if known is None:

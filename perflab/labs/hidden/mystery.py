@@ -36,7 +36,7 @@ from perflab.mystery.catalogue import BY_KEY
 LOCATION_WORTH = 0.5
 KIND_WORTH = 0.5
 # A finding's saving agrees with the grader's g when it lies in [g / SAVING_FACTOR - SAVING_SLACK,
-# g * SAVING_FACTOR + SAVING_SLACK]. The notebook re-runs on the grading machine and measures with the
+# g * SAVING_FACTOR + SAVING_SLACK_ABOVE]. The notebook re-runs on the grading machine and measures with the
 # grader's own function (`lab01_mystery.savings`: the median over 8 interleaved rounds of one step, one
 # torch thread, CPU time), so an honest saving is measured where and as the grader measures. Over 10 ids
 # (30 bugs) here, the student's helper against two grader runs differed by at most 0.065 and 2.2x
@@ -44,6 +44,12 @@ KIND_WORTH = 0.5
 # only with a bug costing under 0.1 of a step.
 SAVING_FACTOR = lab01_mystery.SAVING_FACTOR
 SAVING_SLACK = 0.05
+# Above, more slack: a bug planted at a light dose costs about nothing, and the notebook's process read
+# carol's light row loop at 0.067-0.069 in three runs where the grader's fresh child read 0.00-0.07 (the
+# reference investigation lost that finding in 2 of 4 test runs at 0.05). Typing 0 for a full bug still
+# fails (g / 2 - 0.05 > 0 for every full dose, 0.13 or more), and a constant still ties a light bug
+# with a full one.
+SAVING_SLACK_ABOVE = 0.10
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
 # Whether a finding's line and type count only with an agreeing saving. Measured in the grader's own
@@ -125,8 +131,9 @@ def measure_savings_here(student: str, mode: str | None) -> dict[str, float]:
 
 
 def saving_agrees(measured: float, truth: float) -> bool:
-    """A finding's measured saving against the grader's for the same bug (SAVING_FACTOR, SAVING_SLACK)."""
-    return truth / SAVING_FACTOR - SAVING_SLACK <= measured <= truth * SAVING_FACTOR + SAVING_SLACK
+    """A finding's measured saving against the grader's for the same bug (SAVING_FACTOR, SAVING_SLACK below,
+    SAVING_SLACK_ABOVE above)."""
+    return truth / SAVING_FACTOR - SAVING_SLACK <= measured <= truth * SAVING_FACTOR + SAVING_SLACK_ABOVE
 
 
 def _clearly_apart(a: float, b: float) -> bool:
@@ -357,7 +364,8 @@ def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]
     dose too), measured on traces of each bug alone at each dose."""
     return {
         "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1, True),
-        # A tensor op per row, or per few rows at a light dose; the clean pipeline subtracts once an image.
+        # A tensor op per half row, or per 8 rows at a light dose (3 * IMAGE_SIZE / 8 an image: exactly the
+        # bound, so IMAGE_SIZE must be a multiple of 8, as every mode's is); the clean pipeline subtracts once.
         "row_loop": ("an aten::sub per few image rows",
                      lambda s: s["counted"]["aten::sub"] >= 3 * (image_size // 8) * batch, True),
         "eval_accuracy": ("a second forward's convolutions",
