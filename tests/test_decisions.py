@@ -5,9 +5,12 @@ memory on purpose; wrong for a decision, where the right answer on such a machin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,14 +79,32 @@ def test_compiling_by_rule_where_compiling_costs_time_loses_and_measuring_earns(
 
 
 @pytest.fixture()
-def one_core():
+def one_core(monkeypatch):
     """A machine of one core (this process and the verifier's children pinned to one): loader workers
     compete with training for it, so adding them costs time (measured here in tiny mode: one worker
     0.89x, CI 0.87-0.92x; two 0.96x, CI 0.93-0.97x)."""
+    # The grader's own budget of pairs, as it grades for real, not tiny mode's cap of 16: after the data set
+    # tests a minute of this machine is noisy enough that 16 pairs of the one-core worker straddled the
+    # bar (0.88x, CI 0.84-0.96x) in two runs of two.
+    for lab in (lab02, lab06):
+        monkeypatch.setattr(lab, "sizes", lambda mode=None, _sizes=lab.sizes: dataclasses.replace(
+            _sizes(mode), verify_max_pairs=None))
     allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(allowed)})
+    # Written data flushed first (the data set tests before these leave JPEGs for the kernel to write
+    # back), and the last core, which the kernel's own work lands on less than the first.
+    os.sync()
+    os.sched_setaffinity(0, {max(allowed)})
     yield
     os.sched_setaffinity(0, allowed)
+
+
+def _unless_noise(judge: Callable[[], Any]) -> Any:
+    """The judge's mark, judged once more where the first re-measurement straddled the bar: on a shared
+    machine a noisy minute widens the CI (a clean-clone CI read the one-core worker at 0.88x, CI
+    0.85-0.96x, where quiet runs read 0.87-0.92x), and the protocol credits a straddle by design. A
+    second straddle, or a pass, fails the test."""
+    mark = judge()
+    return judge() if (mark.verdict or {}).get("verdict") == "inconclusive" else mark
 
 
 def test_adding_workers_by_rule_where_they_cost_time_loses_and_measuring_earns(one_core) -> None:
@@ -100,7 +121,7 @@ def test_adding_workers_by_rule_where_they_cost_time_loses_and_measuring_earns(o
 
     # Below the parity bar, or straddling it (undecided, which the default policy credits) and still
     # measurably slower than leaving the worker out: a fail either way.
-    by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
+    by_rule = _unless_noise(lambda: judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2)))
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
     assert by_rule.verdict["ci"][1] < common.SLOWER_BELOW, by_rule.message
     measured = judged(base)
@@ -117,7 +138,7 @@ def test_keeping_a_loader_worker_in_lab_6_by_rule_where_it_costs_time_loses_and_
         return hidden06.judge_final_verified(lab06_probes.PROBES["test_final_verified"]({"FINAL": final, "CLAIM": 1.2}, 0),
                                              ctx)
 
-    by_rule = judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2))
+    by_rule = _unless_noise(lambda: judged(base.replace(num_workers=1, persistent_workers=True, prefetch_factor=2)))
     assert by_rule.fraction == 0.0 and by_rule.verdict["verdict"] == "fail", by_rule.message
     assert by_rule.verdict["ci"][1] < common.SLOWER_BELOW, by_rule.message
     measured = judged(base)
