@@ -103,7 +103,7 @@ def test_bottleneck_here_reads_the_students_verdict_at_the_graders_measurement(s
     config = lab01.lab_config("tiny")
     layers = lab01_checks.lab_layers(config)
     measured = {"phase_seconds": far, "layers": layers, "peak_flops": 1e11, "peak_bandwidth": 1e10}
-    monkeypatch.setattr(hidden01, "grader_measurement", lambda config, steps=3: measured)
+    monkeypatch.setattr(hidden01, "machine_measurement", lambda mode: measured)
     assert _mark("bottleneck_here", solution).fraction == 1.0
 
     def always_model(phase_seconds, layers, peak_flops, peak_bandwidth):
@@ -111,6 +111,18 @@ def test_bottleneck_here_reads_the_students_verdict_at_the_graders_measurement(s
 
     mark = _mark("bottleneck_here", {"bottleneck_verdict": always_model})
     assert mark.fraction == 0.0 and "the stage is data, you said model" in mark.message
+
+
+def test_the_grader_measures_the_machine_once_per_run(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(hidden01, "grader_measurement", lambda config, steps=3: calls.append(config) or {"n": 1})
+    hidden01.machine_measurement.cache_clear()
+    try:
+        assert hidden01.machine_measurement("tiny") is hidden01.machine_measurement("tiny")
+        hidden01.machine_measurement("grade")
+        assert [c.image_size for c in calls] == [lab01.lab_config("tiny").image_size, lab01.lab_config("grade").image_size]
+    finally:
+        hidden01.machine_measurement.cache_clear()
 
 
 def test_bottleneck_reference_accepts_both_answers_near_a_threshold() -> None:

@@ -18,8 +18,9 @@ importable from here.
 Local pool rule (`default_jobs`): timed work must never share cores or a GPU. With a GPU, one
 job per GPU, each pinned to its own (CUDA_VISIBLE_DEVICES). Without, one job per
 `CORES_PER_JOB` cores, each pinned to its own cores (sched_setaffinity), and one job when the
-machine has fewer than `MIN_CORES_FOR_POOL`. Whenever more than one job runs, timed sections
-also take the run's timing lock (`timelock.timed_section`), so they run one at a time.
+machine has fewer than `MIN_CORES_FOR_POOL`. Whenever more than one job runs, the judges'
+re-measurements also take the run's timing lock (`timelock.timed_section`), so they run one at a
+time; a notebook's own timed cells take none (no submission may hold up another's).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 progress(record)
 
         if backend == "local":
-            _run_local(todo, infos, templates, settings, hide, on_result, course)
+            _run_local(todo, infos, templates, settings, hide, on_result)
         elif backend == "ray":
             from perflab.grading import ray_backend
 
@@ -314,7 +315,7 @@ def with_instructor_policy(settings: Settings) -> Settings:
     return dataclasses.replace(settings, env={INCONCLUSIVE_ENV: inconclusive_policy(), **settings.env})
 
 
-def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result, course: Path) -> None:
+def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result) -> None:
     jobs = settings.jobs or default_jobs(gpus=settings.gpus)
     jobs = max(1, min(jobs, len(todo) or 1))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -14,8 +14,8 @@ How strong the sandbox is depends on what the OS allows, and `isolation()` says 
              and nothing is hidden; `perflab grade grade` refuses it unless told `--unisolated`.
 
 In both namespace kinds every other mount is then made read-only inside the sandbox (the grader's
-home, the virtual environment, the checkout, /dev, /sys...): the work folder, the private temp
-folders and the shared timing lock are the only places a submission can write. With `userns` that
+home, the virtual environment, the checkout, /dev, /sys...): the work folder and the private temp
+folders are the only places a submission can write. With `userns` that
 is what stops the grader's own uid from writing the grader's files. $PERFLAB_SANDBOX_KIND=userns
 asks for `userns` where `root` is possible (how CI, running as root, tests the non-root path).
 
@@ -339,8 +339,7 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
         env: Mapping[str, str] | None = None, binds: Mapping[str, str] | None = None) -> SandboxRun:
     """Run `argv` in `workdir` under `limits`, with the folders in `hide` out of reach.
 
-    `binds` maps a host file to a path inside `workdir` where the same file appears (the shared
-    timing lock). The run never raises for what the command does: a crash, a signal or a timeout
+    `binds` maps a host file to a path inside `workdir` where the same file appears. The run never raises for what the command does: a crash, a signal or a timeout
     is described in the returned `SandboxRun`.
     """
     iso = isolation()

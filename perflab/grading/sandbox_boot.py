@@ -4,7 +4,7 @@
 
 It reads its instructions from $PERFLAB_SANDBOX_SPEC (written by `sandbox.run`: the command, the work
 folder, what to hide, bind and expose, the private temp folders, the limits, the uid to become), then:
-puts the work folder on a sized tmpfs (`_size_workdir`), binds the shared timing lock into it, covers
+puts the work folder on a sized tmpfs (`_size_workdir`), binds the files it is given into it, covers
 each hidden folder with an empty read-only tmpfs, gives every world-writable folder a fresh private
 tmpfs, remounts everything else read-only (`read_only_elsewhere`), brings the loopback up, pins the
 CPUs, drops to the sandbox's uid, sets the rlimits and runs the command, reaping orphans as PID 1 of

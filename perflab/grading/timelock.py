@@ -1,13 +1,15 @@
-"""For a lab's timed grade cells while the autograder runs them: the shared timing lock, and the
-verification record the export reads.
+"""For the grader's timed re-measurements: the shared timing lock, and the verification record the
+export reads.
 
     with timed_section():            # holds $PERFLAB_TIMING_LOCK, if set, for the timed work
         ratio = measure(...)
     report_verdict("fast_sum", "pass", speedup=ratio, ci=(lo, hi), claimed=claim)
 
-The local back-end sets PERFLAB_TIMING_LOCK (one file shared by every sandbox of a run) when it
-grades more than one submission at a time, so timed work never overlaps another's; outside the
-autograder the lock is a no-op. `report_verdict` displays a `VERDICT_MIME` output that the
+The local back-end sets PERFLAB_TIMING_LOCK in the grader's process (one file per machine) when it
+grades more than one submission at a time, and Ray's tasks on each node: the judges' re-measurements
+and the measuring processes they start hold it, so no two overlap. A graded notebook's kernel never
+sees it (a submission that held it could hold up every other one's timed cells), so there, as outside
+the autograder, the lock is a no-op. `report_verdict` displays a `VERDICT_MIME` output that the
 autograder reads from grade cells only (a record displayed by any other cell is ignored).
 """
 

@@ -408,9 +408,10 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
     measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in this thread's CPU
     time: on one torch thread that is the step's work, which other programs and threads sharing the
     machine do not inflate as they do wall time. The grader measures with this same function. Give
-    it one copy per fix, each with only that fix, to measure each bug alone. While the autograder runs
-    it (in the notebook, or in its own measuring process), it holds the grading run's timing lock, so
-    no other submission's timed work runs beside it."""
+    it one copy per fix, each with only that fix, to measure each bug alone. In the grader's own measuring
+    process it holds the grading run's timing lock (no other re-measurement runs beside it); in a graded
+    notebook it holds none, since no submission may hold up another's, so CPU time is what keeps a
+    neighbour's work out of the student's reading."""
     import torch
 
     from perflab.grading.timelock import timed_section

@@ -460,10 +460,6 @@ def sides(choice: str | None, mode: str | None = None, device: torch.device | st
     return baseline, Side.reference(target, label=f"SmallNet compile {choice}", compile_mode=choice, **kwargs)
 
 
-def reference_sides(mode: str | None = None) -> tuple[Any, Any]:
-    """What calibration times on the grading machine: eager against the reference solution's mode."""
-
-
 def verify_choice(choice: str | None, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure `choice` against eager in a fresh interpreter, held to this machine's calibrated bar.
 

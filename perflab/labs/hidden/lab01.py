@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -454,8 +455,16 @@ def judge_verdict_here(observed: Any, measured: dict[str, Any]) -> dict[str, Any
     return ref
 
 
+@functools.lru_cache(maxsize=4)
+def machine_measurement(mode: str) -> dict[str, Any]:
+    """`grader_measurement` of the lab's configuration in `mode`, once per grading process: the machine
+    does not change between the submissions of one run, and every student's verdict is judged against
+    the same measurement of it."""
+    return grader_measurement(lab01.lab_config(mode))
+
+
 def judge_bottleneck_here(observed: Any, ctx: Context) -> None:
-    judge_verdict_here(observed, grader_measurement(lab01.lab_config(ctx.mode)))
+    judge_verdict_here(observed, machine_measurement(ctx.mode))
 
 
 JUDGES = {

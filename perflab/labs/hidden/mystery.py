@@ -55,7 +55,8 @@ SAVING_SLACK_ABOVE = 0.10
 # Whether a finding's line and type count only with an agreeing saving. Measured in the grader's own
 # process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
 # 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`),
-# both sides time under the run's timing lock, and a finding that disagrees is measured a second time
+# under the run's timing lock (the notebook's side holds none: CPU time on one thread is what keeps a
+# neighbour out of it), and a finding that disagrees is measured a second time
 # before it loses its count (`judge_diagnosis`).
 GATE_ON_SAVINGS = True
 # How long the grader's measuring child may take (tiny mode: about 8 s here).
