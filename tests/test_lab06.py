@@ -518,6 +518,34 @@ def test_leave_one_out_drops_one_change_and_keeps_the_others(monkeypatch: pytest
         lab06.without(chain, "baseline")
 
 
+def test_the_ablation_times_each_configuration_once_for_the_chain_and_every_leave_one_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    base = lab06.baseline_config()
+    loader = base.replace(num_workers=1, persistent_workers=True)
+    both = loader.replace(amp_dtype="bf16")
+    chain = [("baseline", base), ("loader", loader), ("bf16", both)]
+    step_ms = {base: 10.0, loader: 8.0, both: 5.0, base.replace(amp_dtype="bf16"): 6.0}
+    timed = []
+
+    def fake_blocks(configs, rounds, block_steps, warmup, desc):
+        timed.append(list(configs))
+        return [[step_ms[c] / 1e3 * (1 + 0.01 * (r % 3)) for r in range(rounds)] for c in configs], "cpu"
+
+    monkeypatch.setattr(lab06_measure, "_timed_blocks", fake_blocks)
+    times, left_out = lab06_measure.measure_ablation(chain, leave_out=["loader", "bf16"])
+    # Four configurations, one set of rounds: FINAL without bf16 is the loader config, timed once.
+    assert timed == [[base, loader, both, base.replace(amp_dtype="bf16")]]
+    assert list(times) == ["baseline", "loader", "bf16"]
+    assert left_out["bf16"].speedup == pytest.approx(8.0 / 5.0)  # FINAL against the loader config
+    assert left_out["loader"].speedup == pytest.approx(6.0 / 5.0)  # FINAL against bf16 alone
+    assert left_out["bf16"].b_times == tuple(times["bf16"])  # paired with the chain's own FINAL blocks
+    one = lab06_measure.measure_ablation(chain[:2], leave_out=["loader"])[1]["loader"]
+    assert timed[-1] == [base, loader] and one.speedup == pytest.approx(10.0 / 8.0)  # FINAL without it is the baseline
+    aa = [("baseline", base), ("nothing kept (A/A)", base)]
+    assert lab06_measure.measure_ablation(aa)[1] == {} and timed[-1] == [base, base]  # an A/A keeps both copies
+
+
 def test_the_cumulative_prediction_is_graded_on_being_there_only() -> None:
     probe, judge = lab06_probes.PROBES["test_predict_cumulative"], hidden06.JUDGES["test_predict_cumulative"]
     why = "the product of the kept screening speedups"
@@ -527,7 +555,8 @@ def test_the_cumulative_prediction_is_graded_on_being_there_only() -> None:
             judge(probe(answers, 0), None)
     sources = [cell.source for cell in H.source_cells(LAB)]
     first = {needle: next(i for i, src in enumerate(sources) if needle in src)
-             for needle in ("PREDICT_CUMULATIVE = ", "measure_chain(", 'globals().get("PREDICT_CUMULATIVE")')}
+             for needle in ("PREDICT_CUMULATIVE = ", "measure_ablation(", "LEAVE_ONE_OUT = {}",
+                           'globals().get("PREDICT_CUMULATIVE")')}  # predicted before the ablation and the leave-one-out
     assert list(first.values()) == sorted(first.values()), first
 
 

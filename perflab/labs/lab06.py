@@ -31,7 +31,8 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
         configuration kept so far and screened (`lab06_measure.screen`); the student decides from the
         screening whether it stays (the reference keeps it when its CI lies above KEEP_ABOVE), and a
         change memory demands stays regardless. Each kept change is then timed leave-one-out
-        (`without`): FINAL against FINAL without it. CHAIN is
+        (`without`): FINAL against FINAL without it, in the ablation's own rounds
+        (`lab06_measure.measure_ablation`). CHAIN is
         ("baseline", BASELINE) followed by one (name, config) per change kept, each config the one
         before plus that change; FINAL is CHAIN's last config. FINAL may differ from BASELINE in
         SPEED_FIELDS only. The grader re-measures FINAL against BASELINE in a fresh process with

@@ -1,6 +1,7 @@
 """Lab 6's measurements: what the notebook times and counts on the way to FINAL.
 
-Screening one change (`screen`), timing the ablation chain in interleaved rounds (`measure_chain`),
+Screening one change (`screen`), timing the ablation chain in interleaved rounds (`measure_chain`; with
+each kept change left out beside it, `measure_ablation`),
 the `baseline` results section from block times (`step_stat`), the short fixed-seed training run
 behind the accuracy gate (`measure_accuracy`) and model FLOPs utilisation (`mfu`). The notebook uses
 them; the grader-only judges run `measure_accuracy` on the exported FINAL. Imports the contract
@@ -93,6 +94,40 @@ def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None =
     times, _ = _timed_blocks([config for _, config in chain], s.chain_blocks, s.block_steps, warmup,
                              "ablation rounds")
     return dict(zip(names, times, strict=True))
+
+
+def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
+                     leave_out: Sequence[str] = (), warmup: int = 2) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """The ablation and the leave-one-out in one set of interleaved primed rounds (as `measure_chain`).
+
+    Returns the block times of every configuration of `chain` ({name: [seconds of each block]}, in chain
+    order), and for each change named in `leave_out` a `perflab.timing.Comparison` of FINAL (the chain's
+    last configuration, B) against FINAL without that change (A, `lab06.without`), paired by round. A
+    configuration is timed once for every question that needs it: FINAL without its last change is the
+    configuration before it, so k kept changes time 2k configurations, where k screenings beside the
+    chain timed 3k + 1.
+    """
+    from perflab import timing
+    from perflab.labs.lab06 import without
+
+    s = s or sizes()
+    names = [name for name, _ in chain]
+    if len(set(names)) != len(names):
+        raise ValueError(f"chain: names must be unique, got {names}")
+    configs = [config for _, config in chain]
+    left_out: dict[str, int] = {}
+    for name in leave_out:
+        config = without(chain, name, mode=s.mode)
+        if config not in configs:
+            configs.append(config)
+        left_out[name] = configs.index(config)
+    times, device = _timed_blocks(configs, s.chain_blocks, s.block_steps, warmup, "ablation rounds")
+    final = tuple(times[len(chain) - 1])
+    comparisons = {name: timing.Comparison(tuple(times[i]), final, s.block_steps,
+                                           labels=(f"FINAL without {name}", "FINAL"), device=str(device),
+                                           threads=env.set_threads(None), warmup=warmup, quantile=QUANTILE)
+                   for name, i in left_out.items()}
+    return dict(zip(names, times[:len(chain)], strict=True)), comparisons
 
 
 def step_stat(block_times: Sequence[float], block_steps: int, batch_size: int) -> dict[str, Any]:

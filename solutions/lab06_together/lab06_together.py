@@ -204,46 +204,10 @@ for row in SCREEN:
     print(f"{row['name']:<40} {measured:<26} {'kept' if row['kept'] else 'dropped'}: {row['reason']}")
 
 # %% [markdown]
-# ### Leave one out
-#
-# Screening asked of each change "does it pay on top of the ones before it?". With all of them in, ask
-# the other question: does each still pay **once the others are in**? `lab06.without(CHAIN, name)` is
-# `FINAL` with that one change left out; the cell times `FINAL` against it. A change whose gain was
-# taken by a later one (a faster model leaves the loader less to hide, for instance) shows here.
-
-# %%
-LEAVE_ONE_OUT = {}
-for name, _ in CHAIN[1:]:
-    comparison = lab06_measure.screen(lab06.without(CHAIN, name), FINAL, S)
-    ci = comparison.ci()
-    LEAVE_ONE_OUT[name] = {"speedup": comparison.speedup, "ci": [ci.low, ci.high]}
-    print(f"{name:<40} FINAL against FINAL without it: {comparison.speedup:.3f}x [{ci.low:.3f}, {ci.high:.3f}]")
-if not LEAVE_ONE_OUT:
-    print("nothing kept: FINAL is the baseline, there is nothing to leave out")
-
-# %% [markdown]
-# **Question 1 (5 points). Your plan.** For each change of `PLAN`, one line: in or out of `FINAL`, and
-# the measurement that decided it (its screening, and for a kept change its leave-one-out, with CIs), or
-# why it was never tried. Where screening and leave-one-out disagree, which do you trust for the final
-# plan, and why? If you would change `FINAL` after reading them, say how.
-
-# %% [markdown] nbgrader={"grade": true, "grade_id": "answer_plan", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# Rubric (5 points; the student's own measurements decide, not any quoted here). A good answer:
-#
-# * goes through every change of `PLAN` (loader, precision, checkpointing, compile) and says in or out;
-# * cites for each screened change its speedup and CI against what was kept before it, and for each kept
-#   change its leave-one-out CI; a skipped one is explained by the earlier lab's decision or by memory;
-# * keeps a change only where a CI lies above 1.0 (or says why a straddling CI was kept anyway, e.g. a
-#   change that costs nothing), and drops one whose CI straddles 1.0 for the risk and cost it adds;
-# * where screening and leave-one-out disagree, trusts leave-one-out for the final plan (it measures the
-#   change in the configuration that is shipped) and notes that a change measured earlier can lose its
-#   gain once the others are in (a faster model, a busier CPU).
-
-# %% [markdown]
 # ## 4. Every step against the original baseline
 #
 # Screening answered "keep it or not?". The ablation answers "how fast is each stage of the final
-# configuration, compared with where we started?". `lab06_measure.measure_chain` builds every
+# configuration, compared with where we started?". `lab06_measure.measure_ablation` builds every
 # configuration of `CHAIN` and times them in **interleaved rounds**: each round times one block
 # of every configuration, starting with a different one each round, so all of them share the
 # machine's drift, and block *i* of any two configurations are a pair.
@@ -255,13 +219,21 @@ if not LEAVE_ONE_OUT:
 # If nothing was kept, the chain is the baseline alone; it is then timed against a second copy of
 # itself (an A/A test), which shows the noise floor of this machine: the speedup a measurement
 # reports when nothing changed. Its CI should hold 1.0; the report draws it as noise, never as a gain.
+#
+# The same rounds answer a second question. Screening asked of each change "does it pay on top of the
+# ones before it?". With all of them in, ask the other: does each still pay **once the others are
+# in**? `lab06.without(CHAIN, name)` is `FINAL` with that one change left out; it is timed in the same
+# rounds, and each kept change gets a comparison of `FINAL` against it (leave-one-out). A change whose
+# gain was taken by a later one (a faster model leaves the loader less to hide, for instance) shows
+# here. One set of rounds times each configuration once: `FINAL` without its last change is the
+# configuration before it in `CHAIN`.
 
 # %% [markdown]
 # **Predict first (2 points).** Before the ablation times every stage against the original baseline:
 # what cumulative speedup do you expect `FINAL` to reach (`PREDICT_CUMULATIVE`; 1.0 for none), and why
 # (`WHY_CUMULATIVE`, one line)? Your screening measured each change against the configuration before
-# it; think about whether those steps multiply, and what your leave-one-out said. It is graded on being
-# written, not on being right: the ablation prints it beside what it measures.
+# it; think about whether those steps multiply, and whether each still pays once the others are in.
+# It is graded on being written, not on being right: the ablation prints it beside what it measures.
 
 # %% nbgrader={"grade": false, "grade_id": "predict_cumulative", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
@@ -280,10 +252,35 @@ print("prediction written: PREDICT_CUMULATIVE =", PREDICT_CUMULATIVE)
 
 # %%
 MEASURED = CHAIN if len(CHAIN) > 1 else CHAIN + [("nothing kept (A/A)", BASELINE)]
-TIMES = lab06_measure.measure_chain(MEASURED, S)
+TIMES, LEFT_OUT = lab06_measure.measure_ablation(MEASURED, S, leave_out=[name for name, _ in CHAIN[1:]])
 for name, times in TIMES.items():
     print(f"{name:<24} " + " ".join(f"{t * 1e3:7.1f}" for t in times) + "  ms per block")
+LEAVE_ONE_OUT = {}
+for name, comparison in LEFT_OUT.items():
+    ci = comparison.ci()
+    LEAVE_ONE_OUT[name] = {"speedup": comparison.speedup, "ci": [ci.low, ci.high]}
+    print(f"{name:<40} FINAL against FINAL without it: {comparison.speedup:.3f}x [{ci.low:.3f}, {ci.high:.3f}]")
+if not LEAVE_ONE_OUT:
+    print("nothing kept: FINAL is the baseline, there is nothing to leave out")
 
+
+# %% [markdown]
+# **Question 1 (5 points). Your plan.** For each change of `PLAN`, one line: in or out of `FINAL`, and
+# the measurement that decided it (its screening, and for a kept change its leave-one-out, with CIs), or
+# why it was never tried. Where screening and leave-one-out disagree, which do you trust for the final
+# plan, and why? If you would change `FINAL` after reading them, say how.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "answer_plan", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+# Rubric (5 points; the student's own measurements decide, not any quoted here). A good answer:
+#
+# * goes through every change of `PLAN` (loader, precision, checkpointing, compile) and says in or out;
+# * cites for each screened change its speedup and CI against what was kept before it, and for each kept
+#   change its leave-one-out CI; a skipped one is explained by the earlier lab's decision or by memory;
+# * keeps a change only where a CI lies above 1.0 (or says why a straddling CI was kept anyway, e.g. a
+#   change that costs nothing), and drops one whose CI straddles 1.0 for the risk and cost it adds;
+# * where screening and leave-one-out disagree, trusts leave-one-out for the final plan (it measures the
+#   change in the configuration that is shipped) and notes that a change measured earlier can lose its
+#   gain once the others are in (a faster model, a busier CPU).
 
 # %% [markdown]
 # ## 5. Cumulative speedups (15 points)
