@@ -28,7 +28,7 @@ data: $(STAMP)  ## build the tiny, small and photo synthetic data sets (seeded, 
 	$(BIN)/perflab dataset build --size photo
 
 test: setup  ## set up, then run the whole test suite
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-fast: setup  ## unit tests only (skips notebook and pipeline runs)
 	$(BIN)/pytest -q -m "not slow"

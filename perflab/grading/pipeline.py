@@ -242,7 +242,10 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 progress(record)
 
         if backend == "local":
-            _run_local(todo, infos, templates, settings, hide, on_result)
+            from perflab.verify.protocol import shared_measurements
+
+            with shared_measurements():  # students who decided the same configuration share its re-measurement
+                _run_local(todo, infos, templates, settings, hide, on_result)
         elif backend == "ray":
             from perflab.grading import ray_backend
 

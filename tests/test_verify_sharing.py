@@ -1,0 +1,72 @@
+"""A grading run measures two configurations once (`protocol.shared_measurements`): students who decided
+the same configuration share one re-measurement, judged for each one's claim; student code, failed
+runs and calls outside a grading run are measured every time."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from perflab.verify import Side, protocol
+from perflab.workload import TrainConfig
+
+BASE = TrainConfig(data="tiny", image_size=32, batch_size=8, threads=1)
+BF16 = BASE.replace(amp_dtype="bf16")
+
+
+@pytest.fixture()
+def child(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The verify child, replaced by one that reports a 1.5x candidate (or an error when asked to)."""
+    jobs: list[dict] = []
+
+    def fake_run_child(job, *, time_limit, memory_limit):
+        jobs.append(job)
+        if job["candidate"]["kwargs"].get("config", {}).get("channels_last"):
+            return {"error": {"code": "out_of_memory", "detail": "killed"}}, "", 1.0
+        a = [0.100 + 0.001 * (i % 5) for i in range(12)]
+        return {"baseline_times": a, "candidate_times": [t / 1.5 for t in a], "block_steps": 1,
+                "timed_seconds": 0.5}, "", 2.0
+
+    monkeypatch.setattr(protocol, "run_child", fake_run_child)
+    return jobs
+
+
+def test_the_same_two_configurations_are_measured_once_per_grading_run(child) -> None:
+    with protocol.shared_measurements():
+        first = protocol.verify(BASE, BF16, expectation=1.2, claim=1.5)
+        second = protocol.verify(BASE, BF16, expectation=1.2, claim=9.0)
+        other_bar = protocol.verify(BASE, BF16, expectation=1.3)
+    assert len(child) == 2  # the same job once; another bar is another job (the child stops by it)
+    assert first.outcome == "pass" and first.speedup == pytest.approx(1.5)
+    assert second.code == "claim_contradicted"  # one measurement, judged for each student's own claim
+    assert second.baseline_times == first.baseline_times
+    assert other_bar.outcome == "pass"
+    protocol.verify(BASE, BF16, expectation=1.2)
+    assert len(child) == 3  # outside a grading run, every call measures
+
+
+def test_student_code_and_failed_runs_are_never_shared(child, tmp_path: Path) -> None:
+    module = tmp_path / "fixed.py"
+    module.write_text("def make_step(seed):\n    return lambda: 0.0\n", encoding="utf-8")
+    toy = Side.reference("perflab.verify.candidates:toy_step", repeats=10)
+    with protocol.shared_measurements():
+        for _ in range(2):
+            protocol.verify(toy, Side.module(module), expectation=1.1)
+        crashed = [protocol.verify(BASE, BASE.replace(channels_last=True), expectation=1.1) for _ in range(2)]
+    assert len(child) == 4
+    assert all(v.outcome == "error" for v in crashed)
+
+
+def test_two_jobs_asking_at_once_share_the_first_ones_measurement(child) -> None:
+    verdicts = []
+    with protocol.shared_measurements():
+        threads = [threading.Thread(target=lambda: verdicts.append(protocol.verify(BASE, BF16, expectation=1.2)))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert len(child) == 1 and len(verdicts) == 4
+    assert len({v.speedup for v in verdicts}) == 1
