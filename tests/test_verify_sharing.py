@@ -18,16 +18,21 @@ BF16 = BASE.replace(amp_dtype="bf16")
 
 @pytest.fixture()
 def child(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The verify child, replaced by one that reports a 1.5x candidate (or an error when asked to)."""
+    """The verify child, replaced by one that reports a 1.5x candidate over 12 pairs; a crash for
+    channels_last, a flagged run for a compiled candidate, 3 pairs for accumulation."""
     jobs: list[dict] = []
 
     def fake_run_child(job, *, time_limit, memory_limit):
         jobs.append(job)
-        if job["candidate"]["kwargs"].get("config", {}).get("channels_last"):
+        config = job["candidate"]["kwargs"].get("config", {})
+        if config.get("channels_last"):
             return {"error": {"code": "out_of_memory", "detail": "killed"}}, "", 1.0
-        a = [0.100 + 0.001 * (i % 5) for i in range(12)]
-        return {"baseline_times": a, "candidate_times": [t / 1.5 for t in a], "block_steps": 1,
-                "timed_seconds": 0.5}, "", 2.0
+        a = [0.100 + 0.001 * (i % 5) for i in range(3 if config.get("accumulation_steps") == 2 else 12)]
+        result = {"baseline_times": a, "candidate_times": [t / 1.5 for t in a], "block_steps": 1,
+                  "timed_seconds": 0.5}
+        if config.get("compile_mode"):
+            result["problems"] = [{"code": "loss_mismatch", "detail": "the losses differ"}]
+        return result, "", 2.0
 
     monkeypatch.setattr(protocol, "run_child", fake_run_child)
     return jobs
@@ -55,8 +60,12 @@ def test_student_code_and_failed_runs_are_never_shared(child, tmp_path: Path) ->
         for _ in range(2):
             protocol.verify(toy, Side.module(module), expectation=1.1)
         crashed = [protocol.verify(BASE, BASE.replace(channels_last=True), expectation=1.1) for _ in range(2)]
-    assert len(child) == 4
+        flagged = [protocol.verify(BASE, BASE.replace(compile_mode="default"), expectation=1.1) for _ in range(2)]
+        short = [protocol.verify(BASE, BASE.replace(accumulation_steps=2), expectation=1.1) for _ in range(2)]
+    assert len(child) == 8  # each of them measured again for the next student
     assert all(v.outcome == "error" for v in crashed)
+    assert all(v.code == "loss_mismatch" for v in flagged)
+    assert all(v.code == "too_few_pairs" for v in short)
 
 
 def test_two_jobs_asking_at_once_share_the_first_ones_measurement(child) -> None:

@@ -14,8 +14,9 @@ A task runs the same stages as the local pool (`submission.grade_one`); this mod
 stages only, and `pipeline.grade` (the top of the stack) calls `run`.
 
 Resources per task: `num_cpus=Settings.limits.cpus or CPUS_PER_TASK`, and `num_gpus=1` when the
-run grades on GPUs (`Settings.gpus > 0`). Timed sections of tasks on the same node take the
-node's timing lock, so they never overlap.
+run grades on GPUs (`Settings.gpus > 0`). The judges' re-measurements of tasks on the same node
+take the node's timing lock, so they never overlap. Unlike the local back-end, a task does not share
+a re-measurement with another student who exported the same configuration (each worker measures).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a Ray task runs (`grade_one`); the merge into the gradebook is the caller's, on 
     job.prepare_job             the sandbox's work folder (`workfolders.work_folder`)
     run.run_worker              the notebook and its probes run in the sandbox
     interpret.interpret         what came back, as a SubmissionResult
-    score.score                 the judges decide every cell, here, under the run's timing lock
+    score.score                 the judges decide every cell, here (their re-measurements under the run's timing lock)
 """
 
 from __future__ import annotations

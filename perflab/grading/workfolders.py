@@ -2,7 +2,7 @@
 
     with work_folder("lab01_measure-") as workdir: ...    a fresh folder under sandbox_base()
     remove_abandoned()                                     what a killed grader left behind
-    node_timing_lock()                                     the timing lock every sandbox here shares
+    node_timing_lock()                                     the timing lock every grading job here shares
 
 A folder's lock file names its owner ("PID START"), so a folder whose grader was killed is found
 and removed by the next run even while a child the grader forked still holds the lock.
@@ -107,7 +107,8 @@ def sandbox_base() -> Path:
 
 
 def node_timing_lock() -> Path:
-    """The timing lock every sandbox on this machine shares."""
+    """The timing lock the grading jobs on this machine share: their judges' re-measurements, and the
+    measuring processes those start, hold it (a graded notebook never sees it)."""
     path = sandbox_base() / "timing.lock"
     path.touch()
     os.chmod(path, 0o666)

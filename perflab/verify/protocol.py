@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from perflab.verify import decide, guard
 from perflab.verify.candidates import Side
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OUTCOMES = ("pass", "fail", "inconclusive", "error", "deferred")
 # Wall-time limit of one verification: the timing budget (20 s) plus building both sides and their
@@ -295,8 +296,8 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
 
 
 # Measurements a grading run shares (`shared_measurements`): one child's raw result per job, by the job
-# less its nonce and seed; None outside such a run.
-_shared: dict[str, tuple[Any, str, float, int]] | None = None
+# less its nonce and seed, and `once_per_run`'s results; None outside such a run.
+_shared: dict[str, Any] | None = None
 _sharing_depth = 0
 _sharing_guard = threading.Lock()
 _job_locks: dict[str, threading.Lock] = {}
@@ -340,9 +341,27 @@ def _measured(job: dict[str, Any], run: Callable[..., Any], shareable: bool, *, 
             log.info("reusing this grading run's measurement of the same two configurations")
             return store[key]
         measured = (*run(job, time_limit=time_limit, memory_limit=memory_limit), job["seed"])
-        if measured[0] is not None and "error" not in measured[0]:
-            store[key] = measured
+        result = measured[0]
+        if (isinstance(result, dict) and "error" not in result and not result.get("problems")
+                and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"]):
+            store[key] = measured  # a failed, flagged or undecidably short run is never handed on
         return measured
+
+
+def once_per_run(key: str, measure: Callable[[], T]) -> T:
+    """`measure()`; within a grading run (`shared_measurements`), its first result for `key`, measured once
+    (a caller that asks while it is measured waits for it). For a grader's measurement of the machine
+    itself, which does not change between the submissions of one run."""
+    store = _shared
+    if store is None:
+        return measure()
+    key = f"once:{key}"
+    with _sharing_guard:
+        lock = _job_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key not in store:
+            store[key] = measure()
+        return store[key]
 
 
 def _same_work(a: Side, b: Side) -> bool:

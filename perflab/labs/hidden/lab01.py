@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -455,12 +454,18 @@ def judge_verdict_here(observed: Any, measured: dict[str, Any]) -> dict[str, Any
     return ref
 
 
-@functools.lru_cache(maxsize=4)
 def machine_measurement(mode: str) -> dict[str, Any]:
-    """`grader_measurement` of the lab's configuration in `mode`, once per grading process: the machine
-    does not change between the submissions of one run, and every student's verdict is judged against
-    the same measurement of it."""
-    return grader_measurement(lab01.lab_config(mode))
+    """`grader_measurement` of the lab's configuration in `mode`, under the run's timing lock, once per
+    grading run (`perflab.verify.protocol.once_per_run`): the machine does not change between the
+    submissions of one run, and every student's verdict is judged against the same measurement of it."""
+    from perflab.grading.timelock import timed_section
+    from perflab.verify.protocol import once_per_run
+
+    def measure() -> dict[str, Any]:
+        with timed_section():
+            return grader_measurement(lab01.lab_config(mode))
+
+    return once_per_run(f"lab01_measure:machine:{mode}", measure)
 
 
 def judge_bottleneck_here(observed: Any, ctx: Context) -> None:
