@@ -339,8 +339,9 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
         env: Mapping[str, str] | None = None, binds: Mapping[str, str] | None = None) -> SandboxRun:
     """Run `argv` in `workdir` under `limits`, with the folders in `hide` out of reach.
 
-    `binds` maps a host file to a path inside `workdir` where the same file appears. The run never raises for what the command does: a crash, a signal or a timeout
-    is described in the returned `SandboxRun`.
+    `binds` maps a host file to a path inside `workdir` where the same file appears. The run never
+    raises for what the command does: a crash, a signal or a timeout is described in the returned
+    `SandboxRun`.
     """
     iso = isolation()
     workdir = Path(workdir).resolve()

@@ -328,40 +328,45 @@ def shared_measurements() -> Iterator[None]:
 def _measured(job: dict[str, Any], run: Callable[..., Any], shareable: bool, *, time_limit: float,
               memory_limit: int | None) -> tuple[Any, str, float, int]:
     """(result, why, wall seconds, the seed it was measured with): the child's run, or the run's shared
-    measurement of the same job (`shared_measurements`). A failed run is never shared."""
-    store = _shared
-    if store is None or not shareable:
+    measurement of the same job (`shared_measurements`). A failed, flagged or undecidably short run is
+    never handed on."""
+    def measure() -> tuple[Any, str, float, int]:
         return (*run(job, time_limit=time_limit, memory_limit=memory_limit), job["seed"])
-    key = json.dumps({k: v for k, v in job.items() if k not in ("nonce", "seed")}, sort_keys=True, default=str)
-    key += f"|{time_limit}|{memory_limit}"
-    with _sharing_guard:
-        lock = _job_locks.setdefault(key, threading.Lock())
-    with lock:  # a second student with the same job waits for the first one's measurement
-        if key in store:
-            log.info("reusing this grading run's measurement of the same two configurations")
-            return store[key]
-        measured = (*run(job, time_limit=time_limit, memory_limit=memory_limit), job["seed"])
+
+    def decided(measured: tuple[Any, str, float, int]) -> bool:
         result = measured[0]
-        if (isinstance(result, dict) and "error" not in result and not result.get("problems")
-                and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"]):
-            store[key] = measured  # a failed, flagged or undecidably short run is never handed on
-        return measured
+        return (isinstance(result, dict) and "error" not in result and not result.get("problems")
+                and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"])
+
+    if not shareable:
+        return measure()
+    key = json.dumps({k: v for k, v in job.items() if k not in ("nonce", "seed")}, sort_keys=True, default=str)
+    return _once(f"job:{key}|{time_limit}|{memory_limit}", measure, keep=decided)
 
 
 def once_per_run(key: str, measure: Callable[[], T]) -> T:
     """`measure()`; within a grading run (`shared_measurements`), its first result for `key`, measured once
     (a caller that asks while it is measured waits for it). For a grader's measurement of the machine
     itself, which does not change between the submissions of one run."""
+    return _once(f"once:{key}", measure)
+
+
+def _once(key: str, measure: Callable[[], T], keep: Callable[[T], bool] = lambda _: True) -> T:
+    """`measure()`, or inside a grading run the value kept for `key` (measured by the first caller, which
+    the others wait for; kept only where `keep` says so)."""
     store = _shared
     if store is None:
         return measure()
-    key = f"once:{key}"
     with _sharing_guard:
         lock = _job_locks.setdefault(key, threading.Lock())
     with lock:
-        if key not in store:
-            store[key] = measure()
-        return store[key]
+        if key in store:
+            log.info("reusing this grading run's measurement (%s)", key.split(":", 1)[0])
+            return store[key]
+        value = measure()
+        if keep(value):
+            store[key] = value
+        return value
 
 
 def _same_work(a: Side, b: Side) -> bool:
