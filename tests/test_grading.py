@@ -663,3 +663,26 @@ def test_feedback_is_written_one_submission_at_a_time(tmp_path, monkeypatch, cap
     assert out[-1].startswith("wrote 2 feedback page(s), 1 of them minimal (the notebook could not be rendered); "
                               "1 submission(s) got no page")
     assert [ln.split(":")[0] for ln in out[:-1]] == [f"feedback {lab}/bob", f"feedback {lab}/cid"]
+
+
+def test_the_worker_starts_without_the_iri_grammar_and_still_validates_notebooks():
+    """The worker keeps `rfc3987_syntax` (about 1 s of grammar building per start) out of its process;
+    nbformat's validation, which it does not need for, still rejects a malformed notebook."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "import perflab.grading.worker\n"
+        "import nbformat\n"
+        "assert sys.modules.get('rfc3987_syntax') is None, 'the IRI grammar was built'\n"
+        "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('1')])\n"
+        "nbformat.validate(nb)\n"
+        "nb.cells[0]['cell_type'] = 'not a cell type'\n"
+        "try:\n"
+        "    nbformat.validate(nb)\n"
+        "except nbformat.ValidationError:\n"
+        "    print('rejected')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "rejected"
