@@ -168,3 +168,28 @@ def test_honest_precision_and_layout_changes_pass_the_gate_at_grade_sizes(tiny_d
     assert len(gate["candidate_losses"]) == len(gate["baseline_losses"]) >= 3
     first = abs(gate["candidate_losses"][0] - gate["baseline_losses"][0])
     assert first <= gate["atol"] + gate["rtol"] * abs(gate["baseline_losses"][0]), "the first step is still compared"
+
+
+def test_a_placed_thread_runs_its_children_on_its_own_cores_and_gpu(monkeypatch):
+    """A local pool's job re-measures on the cores or GPU it was given (`protocol.placed`), not on the
+    grader's first GPU beside another job's notebook; outside `placed`, the child gets the process's own."""
+    import os
+    import subprocess
+    import sys
+
+    from perflab.verify import protocol
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this OS")
+    real = subprocess.Popen
+    probe = ("import os, sys; sys.stderr.write(f\"gpu={os.environ.get('CUDA_VISIBLE_DEVICES')} "
+             "cores={sorted(os.sched_getaffinity(0))}\")")
+    monkeypatch.setattr(protocol.subprocess, "Popen", lambda args, **kw: real([sys.executable, "-c", probe], **kw))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    mine = sorted(os.sched_getaffinity(0))
+
+    with protocol.placed((mine[-1],), 3):
+        _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)
+    assert why.endswith(f"gpu=3 cores=[{mine[-1]}]"), why
+    _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)
+    assert why.endswith(f"gpu=None cores={mine}"), why

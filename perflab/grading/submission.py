@@ -79,7 +79,11 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         mode = judging.grading_mode(settings.env)
         box = {"limits": settings.limits, "hide": hide, "cpus": cpus, "gpu": gpu}
         runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
-        with _timing_lock(timing_lock):
+        from perflab.verify.protocol import placed
+
+        # Every re-measurement of this job on its own cores or GPU: student code through `runners`,
+        # perflab's configurations through `placed`.
+        with _timing_lock(timing_lock), placed(cpus, gpu):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
                                                       student=job.student)))
     return result

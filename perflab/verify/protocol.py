@@ -7,6 +7,7 @@ times, so a verdict can always be recomputed from what it carries.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -158,13 +159,33 @@ def direction(lo: float, hi: float) -> str:
     return "no difference detected"
 
 
-def _preexec(memory_limit: int | None) -> Any:
+# Where the calling thread's children run (`placed`): (cores, GPU index), None for the process's own.
+_placement: contextvars.ContextVar[tuple[tuple[int, ...] | None, int | None]] = contextvars.ContextVar(
+    "perflab_verify_placement", default=(None, None))
+
+
+@contextlib.contextmanager
+def placed(cpus: tuple[int, ...] | None, gpu: int | None) -> Iterator[None]:
+    """Inside this block, this thread's `run_child` runs its child on `cpus` (sched_setaffinity) and sees
+    only GPU `gpu` (CUDA_VISIBLE_DEVICES). A local grading pool gives each job its own cores or GPU; the
+    judges' re-measurement of that job runs there too, not on the grader's first GPU beside another job's
+    notebook."""
+    token = _placement.set((tuple(cpus) if cpus else None, gpu))
+    try:
+        yield
+    finally:
+        _placement.reset(token)
+
+
+def _preexec(memory_limit: int | None, cpus: tuple[int, ...] | None = None) -> Any:
     def limit() -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if memory_limit:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+        if cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
 
     return limit
 
@@ -183,17 +204,21 @@ def _tail(path: Path) -> str:
 
 
 def run_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None) -> tuple[dict[str, Any] | None, str, float]:
-    """Run the child on `job`; its result (None if none came back), a reason when none did, and the wall time."""
+    """Run the child on `job` (where `placed` put this thread); its result (None if none came back), a
+    reason when none did, and the wall time."""
     with tempfile.TemporaryDirectory(prefix="perflab-verify-") as tmp:
         tmpdir = Path(tmp)
         job = dict(job, result_path=str(tmpdir / "result.json"))
         stdout, stderr = tmpdir / "stdout.txt", tmpdir / "stderr.txt"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+        cpus, gpu = _placement.get()
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
             start = time.perf_counter()
             proc = subprocess.Popen([sys.executable, "-I", "-m", "perflab.verify.child"],
                                     stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=tmp, env=env,
-                                    start_new_session=True, preexec_fn=_preexec(memory_limit))
+                                    start_new_session=True, preexec_fn=_preexec(memory_limit, cpus))
             timed_out = False
             try:
                 try:
