@@ -113,8 +113,13 @@ def available(names: Sequence[str] | None, device: str | None = None) -> list[st
 
 def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPEATS, mode: str = "grade",
               device: str | None = None, pairs: int = CALIBRATION_PAIRS,
-              out_dir: Path | None = None, on_run: Callable[[str, int, Any], None] | None = None) -> Path:
-    """Run every reference pair `repeats` times and write `<out_dir>/<hardware_class>.json`; its path."""
+              out_dir: Path | None = None, on_run: Callable[[str, int, Any], None] | None = None,
+              add: bool = False) -> Path:
+    """Run every reference pair `repeats` times and write `<out_dir>/<hardware_class>.json`; its path.
+
+    With `add`, the file's earlier runs of the same pairs are kept beside this calibration's, and each
+    bar is the lowest of the calibrations (`expectations.summarise`): for a class graded on several
+    hosts, calibrate on each. Without, this calibration replaces the entries it measures."""
     from perflab import env
 
     if repeats < 1:
@@ -126,10 +131,13 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
     chosen = available(names, device)
     path = expectations.expectations_path(machine.hardware_class, out_dir)
     entries = _kept_entries(path, machine.hardware_class, mode)
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+    kept = dict(entries) if add else {}
     for name in chosen:
         if name in REFERENCE_CHANGES:
             base = baseline_config(mode, device, GRADED_IN.get(name))
-            entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run)
+            entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run,
+                                     stamp=stamp, earlier=kept.get(name))
     modules = {module.EXPECTATION: module for module in _lab_modules()}
     for name in [name for name in modules if name in chosen]:  # lab order: lab 6 after the labs it sums
         # A lab's pair may depend on the bars measured before it (lab 6 adds only calibrated gains, lab 3's
@@ -137,7 +145,7 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
         _write(path, machine, mode, repeats, pairs, entries)
         with _reading_expectations_from(path.parent):
             pair = modules[name].calibration_pair(mode)
-        entries[name] = _measure(name, *pair, repeats, budget, on_run)
+        entries[name] = _measure(name, *pair, repeats, budget, on_run, stamp=stamp, earlier=kept.get(name))
     _write(path, machine, mode, repeats, pairs, entries)
     return path
 
@@ -180,8 +188,11 @@ def _reading_expectations_from(folder: Path) -> Iterator[None]:
 
 
 def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
-             on_run: Callable[[str, int, Any], None] | None) -> dict[str, Any]:
-    """`repeats` verifications of `cand` against `base`, summarised into an expectations entry."""
+             on_run: Callable[[str, int, Any], None] | None, *, stamp: str = "",
+             earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`repeats` verifications of `cand` against `base`, summarised into an expectations entry: each run
+    tagged with this calibration's `stamp`, after the runs of `earlier` (an entry of an earlier
+    calibration, kept when it timed the same pair: `calibrate(add=True)`)."""
     from perflab.verify.protocol import verify
 
     if base.effective() == cand.effective():  # e.g. lab 3's answer on a CPU without bf16: FP32 as it was
@@ -199,10 +210,13 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
             runs.append({"outcome": verdict.outcome, "code": verdict.code, "reason": verdict.reason})
             continue
         lo, hi = verdict.ci or (float("nan"), float("nan"))
-        runs.append({"speedup": verdict.speedup, "ci": [lo, hi], "outcome": verdict.outcome,
+        runs.append({expectations.CALIBRATION_KEY: stamp, "speedup": verdict.speedup, "ci": [lo, hi],
+                     "outcome": verdict.outcome,
                      "pairs": verdict.pairs, "block_steps": verdict.block_steps,
                      "seconds": verdict.elapsed_seconds,
                      "warmup_seconds": verdict.details.get("warmup_seconds", {})})
+    if earlier and same_pair(earlier, base, cand):
+        runs = [*earlier.get("runs", []), *runs]
     measured = [r for r in runs if "speedup" in r]
     entry: dict[str, Any] = {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs}
     if measured:
@@ -210,6 +224,17 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
     else:
         entry.update(kind="unmeasured", rule="every reference run failed; conservative rules apply")
     return entry
+
+
+def same_pair(entry: dict[str, Any], base: Any, cand: Any) -> bool:
+    """Whether an expectations entry timed the configurations `base` and `cand` (read as `TrainConfig`s,
+    so a file written before a field was renamed still matches)."""
+    from perflab.workload import TrainConfig
+
+    try:
+        return TrainConfig.from_dict(entry["baseline"]) == base and TrainConfig.from_dict(entry["candidate"]) == cand
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entries: dict[str, Any]) -> None:
