@@ -134,7 +134,7 @@ def test_a_reference_answer_that_is_the_baseline_is_not_timed():
 
 
 def test_runs_of_several_calibrations_are_pooled_each_and_the_lowest_bar_kept():
-    """Two hosts of one class can differ (bf16 over fp32 at lab 3's sizes: 1.70x on one 2-core AMX host,
+    """Two hosts of one class can differ (bf16 over fp32 at lab 3's sizes: 1.62x on one 2-core host,
     1.26x on another): the bar is one every calibrated host's reference clears, and one host's noisy run
     still cannot move its own calibration's median."""
     from perflab.verify import expectations

@@ -102,8 +102,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     Medians, not extremes: one run hit by interference must not move the bar. Runs of several
     calibrations (`CALIBRATION_KEY`: one `perflab calibrate --add` on each host that grades the class)
     are pooled per calibration, and the bar is the lowest: one that every calibrated host's reference
-    clears (two hosts of one class can differ: bf16 gained 1.70x over fp32 at lab 3's sizes on one
-    2-core AMX host and 1.26x on another).
+    clears (two hosts of one class can differ: bf16 gained 1.62x over fp32 at lab 3's sizes on one
+    2-core `cpu-bf16` host and 1.26x on another).
     """
     groups: dict[Any, list[dict[str, Any]]] = {}
     for run in runs:
