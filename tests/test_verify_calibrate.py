@@ -149,6 +149,9 @@ def test_runs_of_several_calibrations_are_pooled_each_and_the_lowest_bar_kept():
     assert "lowest of 2 calibrations" in both["rule"]
     untagged = [{k: v for k, v in r.items() if k != "calibration"} for r in fast]  # files written before tags
     assert expectations.summarise(untagged + slow)["reference_low"] == pytest.approx(1.22)
+    one_run = [{"calibration": "c", "speedup": 1.02, "ci": [0.98, 1.06]}]  # its other runs failed
+    assert expectations.summarise(fast + slow + one_run)["reference_low"] == pytest.approx(1.22)
+    assert expectations.summarise(one_run)["reference_low"] == pytest.approx(0.98)  # alone, it is all there is
 
 
 def test_calibrate_add_keeps_the_files_runs_beside_this_hosts(tmp_path, monkeypatch):
@@ -186,3 +189,15 @@ def test_calibrate_add_keeps_the_files_runs_beside_this_hosts(tmp_path, monkeypa
     assert entry()["threshold"] == second["threshold"] and entry()["calibrations"] == 3
     assert main(args) == 0
     assert (entry()["calibrations"], len(entry()["runs"])) == (1, 2) and entry()["reference_low"] == pytest.approx(1.86)
+
+
+def test_a_pair_calibrated_with_and_without_naming_the_device_is_the_same_pair():
+    """One host ran `perflab calibrate`, the next `perflab calibrate --add --device cpu`: the same pair,
+    so the first host's runs are kept, not silently dropped."""
+    from perflab.workload import TrainConfig
+
+    base = TrainConfig(data="tiny")
+    entry = {"baseline": base.to_dict(), "candidate": base.replace(amp_dtype="bf16").to_dict()}
+    assert calibrate.same_pair(entry, base.replace(device="cpu"), base.replace(device="cpu", amp_dtype="bf16"))
+    assert not calibrate.same_pair(entry, base, base.replace(channels_last=True))
+    assert not calibrate.same_pair({"baseline": {"no such field": 1}}, base, base)

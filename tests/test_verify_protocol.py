@@ -193,3 +193,18 @@ def test_a_placed_thread_runs_its_children_on_its_own_cores_and_gpu(monkeypatch)
     assert why.endswith(f"gpu=3 cores=[{mine[-1]}]"), why
     _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)
     assert why.endswith(f"gpu=None cores={mine}"), why
+    with protocol.placed((max(mine) + 4096,), "GPU-1f2e"):  # cores the OS no longer allows: run unpinned
+        _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)
+    assert why.endswith(f"gpu=GPU-1f2e cores={mine}"), why
+
+
+def test_a_pool_slot_is_mapped_through_the_graders_own_gpu_mask(monkeypatch):
+    """A grader started under CUDA_VISIBLE_DEVICES=2,3 gives its slot 0 GPU 2, not physical GPU 0."""
+    from perflab.grading.run import visible_gpu
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert (visible_gpu(0), visible_gpu(1)) == ("0", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert (visible_gpu(0), visible_gpu(1)) == ("2", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-a1,MIG-b2")
+    assert visible_gpu(1) == "MIG-b2"

@@ -320,6 +320,9 @@ def with_instructor_policy(settings: Settings) -> Settings:
 
 def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result) -> None:
     jobs = settings.jobs or default_jobs(gpus=settings.gpus)
+    if settings.gpus and jobs > settings.gpus:  # timed work never shares a GPU
+        log.warning("local pool: %d jobs asked for, %d GPU(s): running %d", jobs, settings.gpus, settings.gpus)
+        jobs = settings.gpus
     jobs = max(1, min(jobs, len(todo) or 1))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     slots: queue.Queue = queue.Queue()

@@ -62,6 +62,13 @@ def grader_only_paths(repo: Path = REPO) -> list[Path]:
     return out
 
 
+def visible_gpu(index: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of this process's GPU number `index` (a pool slot): the grader's own
+    mask mapped (under `2,3`, slot 0 is GPU 2; UUIDs and MIG names kept as written), else the index."""
+    ids = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    return ids[index] if index < len(ids) else str(index)
+
+
 def run_worker(workdir: Path, env: Mapping[str, str], limits: sandbox.Limits,
                hide: Sequence[Path]) -> sandbox.SandboxRun:
     """Run `perflab.grading.worker` on the work folder `job.prepare_job` laid out, in the sandbox."""
@@ -83,7 +90,7 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
         job["result_path"] = str(workdir / "result.json")
         (workdir / "verify-job.json").write_text(json.dumps(job), encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(workdir / "mpl"),
-               **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+               **({"CUDA_VISIBLE_DEVICES": visible_gpu(gpu)} if gpu is not None else {})}
         box = replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus,
                       memory_bytes=memory_limit if memory_limit is not None else limits.memory_bytes)
         run = sandbox.run([sys.executable, "-I", "-m", "perflab.verify.child", "--job", str(workdir / "verify-job.json")],
@@ -106,7 +113,7 @@ def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, h
     with work_folder("program-") as workdir:
         (workdir / "program.py").write_text(program, encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1",
-               **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+               **({"CUDA_VISIBLE_DEVICES": visible_gpu(gpu)} if gpu is not None else {})}
         run = sandbox.run([sys.executable, "-I", str(workdir / "program.py")], workdir=workdir,
                           limits=replace(limits, wall_s=timeout, cpus=cpus or limits.cpus), hide=hide, env=env)
         return (-9 if run.timed_out else run.returncode), run.output_tail

@@ -32,6 +32,7 @@ from perflab.grading.run import (
     run_worker,
     sandboxed_child,
     sandboxed_program,
+    visible_gpu,
 )
 from perflab.grading.score import score
 from perflab.grading.workfolders import work_folder
@@ -68,7 +69,7 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     with work_folder(f"{job.lab}-") as workdir:
         env = prepare_job(job, info, tmpl, workdir, settings, nb, seed)
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpu(gpu)
         (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),
                                                       "env": env}), encoding="utf-8")
         limits = replace(settings.limits, cpus=cpus) if cpus else settings.limits
@@ -81,9 +82,10 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
         from perflab.verify.protocol import placed
 
-        # Every re-measurement of this job on its own cores or GPU: student code through `runners`,
-        # perflab's configurations through `placed`.
-        with _timing_lock(timing_lock), placed(cpus, gpu):
+        # Every re-measurement child of this job on its own cores or GPU: student code through `runners`,
+        # perflab's configurations through `placed` (a judge measuring in this process, such as lab 1's
+        # machine measurement, runs where the grader does).
+        with _timing_lock(timing_lock), placed(cpus, None if gpu is None else visible_gpu(gpu)):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
                                                       student=job.student)))
     return result

@@ -217,6 +217,9 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
                      "warmup_seconds": verdict.details.get("warmup_seconds", {})})
     if earlier and same_pair(earlier, base, cand):
         runs = [*earlier.get("runs", []), *runs]
+    elif earlier:
+        log.warning("calibrate %s: the file's earlier runs timed other configurations; this calibration "
+                    "replaces them", name)
     measured = [r for r in runs if "speedup" in r]
     entry: dict[str, Any] = {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": runs}
     if measured:
@@ -231,8 +234,12 @@ def same_pair(entry: dict[str, Any], base: Any, cand: Any) -> bool:
     so a file written before a field was renamed still matches)."""
     from perflab.workload import TrainConfig
 
+    def what(config: Any) -> Any:  # the device is the hardware class's: `--device cpu` or none times the same
+        return config.replace(device=None)
+
     try:
-        return TrainConfig.from_dict(entry["baseline"]) == base and TrainConfig.from_dict(entry["candidate"]) == cand
+        return (what(TrainConfig.from_dict(entry["baseline"])) == what(base)
+                and what(TrainConfig.from_dict(entry["candidate"])) == what(cand))
     except (KeyError, TypeError, ValueError):
         return False
 

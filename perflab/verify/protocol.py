@@ -160,17 +160,17 @@ def direction(lo: float, hi: float) -> str:
 
 
 # Where the calling thread's children run (`placed`): (cores, GPU index), None for the process's own.
-_placement: contextvars.ContextVar[tuple[tuple[int, ...] | None, int | None]] = contextvars.ContextVar(
+_placement: contextvars.ContextVar[tuple[tuple[int, ...] | None, str | None]] = contextvars.ContextVar(
     "perflab_verify_placement", default=(None, None))
 
 
 @contextlib.contextmanager
-def placed(cpus: tuple[int, ...] | None, gpu: int | None) -> Iterator[None]:
-    """Inside this block, this thread's `run_child` runs its child on `cpus` (sched_setaffinity) and sees
-    only GPU `gpu` (CUDA_VISIBLE_DEVICES). A local grading pool gives each job its own cores or GPU; the
+def placed(cpus: tuple[int, ...] | None, gpu: int | str | None) -> Iterator[None]:
+    """Inside this block, this thread's `run_child` runs its child on `cpus` (sched_setaffinity, where the
+    OS still allows them) and sees only GPU `gpu` (its CUDA_VISIBLE_DEVICES entry). A local grading pool gives each job its own cores or GPU; the
     judges' re-measurement of that job runs there too, not on the grader's first GPU beside another job's
     notebook."""
-    token = _placement.set((tuple(cpus) if cpus else None, gpu))
+    token = _placement.set((tuple(cpus) if cpus else None, None if gpu is None else str(gpu)))
     try:
         yield
     finally:
@@ -185,7 +185,8 @@ def _preexec(memory_limit: int | None, cpus: tuple[int, ...] | None = None) -> A
         if memory_limit:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
         if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
+            with contextlib.suppress(OSError):  # cores taken away since the pool started: run unpinned
+                os.sched_setaffinity(0, cpus)
 
     return limit
 
@@ -213,7 +214,7 @@ def run_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | Non
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
         cpus, gpu = _placement.get()
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
             start = time.perf_counter()
             proc = subprocess.Popen([sys.executable, "-I", "-m", "perflab.verify.child"],
