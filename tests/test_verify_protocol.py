@@ -188,7 +188,7 @@ def test_a_placed_thread_runs_its_children_on_its_own_cores_and_gpu(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     mine = sorted(os.sched_getaffinity(0))
 
-    with protocol.placed((mine[-1],), 3):
+    with protocol.placed((mine[-1],), "3"):
         _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)
     assert why.endswith(f"gpu=3 cores=[{mine[-1]}]"), why
     _, why, _ = protocol.run_child({"nonce": "n"}, time_limit=60, memory_limit=None)

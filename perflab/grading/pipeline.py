@@ -70,6 +70,7 @@ from perflab.grading.run import (
     grader_only_paths,
     sandboxed_child,
     sandboxed_program,
+    visible_gpu,
 )
 from perflab.grading.score import manual_answers, score
 from perflab.grading.state import Record, State, lock
@@ -328,7 +329,7 @@ def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_r
     slots: queue.Queue = queue.Queue()
     for i in range(jobs):
         cpus = tuple(cores[i * CORES_PER_JOB:(i + 1) * CORES_PER_JOB]) if jobs > 1 and len(cores) >= jobs * CORES_PER_JOB else None
-        gpu = i if settings.gpus else None
+        gpu = visible_gpu(i) if settings.gpus else None  # its CUDA_VISIBLE_DEVICES entry, through the grader's own
         slots.put((cpus, gpu))
     timing_lock = node_timing_lock() if jobs > 1 else None
     log.info("local pool: %d job(s)%s", jobs, ", timed sections serialised" if timing_lock else "")

@@ -63,8 +63,9 @@ def grader_only_paths(repo: Path = REPO) -> list[Path]:
 
 
 def visible_gpu(index: int) -> str:
-    """The CUDA_VISIBLE_DEVICES entry of this process's GPU number `index` (a pool slot): the grader's own
-    mask mapped (under `2,3`, slot 0 is GPU 2; UUIDs and MIG names kept as written), else the index."""
+    """The CUDA_VISIBLE_DEVICES entry of this process's GPU number `index` (a pool slot), what every
+    process of that slot is given: the grader's own mask mapped (under `2,3`, slot 0 is GPU 2; UUIDs and
+    MIG names kept as written), else the index."""
     ids = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
     return ids[index] if index < len(ids) else str(index)
 
@@ -77,7 +78,7 @@ def run_worker(workdir: Path, env: Mapping[str, str], limits: sandbox.Limits,
 
 
 def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None, limits: sandbox.Limits,
-                    hide: Sequence[Path], cpus: tuple[int, ...] | None, gpu: int | None) -> tuple[Any, str, float]:
+                    hide: Sequence[Path], cpus: tuple[int, ...] | None, gpu: str | None) -> tuple[Any, str, float]:
     """`perflab.verify`'s child run in a fresh sandbox: a candidate of student code is re-measured
     where it can reach nothing of the grader's; the parent still decides from its raw times."""
     with work_folder("verify-") as workdir:
@@ -90,7 +91,7 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
         job["result_path"] = str(workdir / "result.json")
         (workdir / "verify-job.json").write_text(json.dumps(job), encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(workdir / "mpl"),
-               **({"CUDA_VISIBLE_DEVICES": visible_gpu(gpu)} if gpu is not None else {})}
+               **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
         box = replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus,
                       memory_bytes=memory_limit if memory_limit is not None else limits.memory_bytes)
         run = sandbox.run([sys.executable, "-I", "-m", "perflab.verify.child", "--job", str(workdir / "verify-job.json")],
@@ -108,12 +109,12 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
 
 
 def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, hide: Sequence[Path],
-                      cpus: tuple[int, ...] | None, gpu: int | None) -> tuple[int, str]:
+                      cpus: tuple[int, ...] | None, gpu: str | None) -> tuple[int, str]:
     """A program holding student code, run with `python -I` in a fresh sandbox: (exit status, output tail)."""
     with work_folder("program-") as workdir:
         (workdir / "program.py").write_text(program, encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1",
-               **({"CUDA_VISIBLE_DEVICES": visible_gpu(gpu)} if gpu is not None else {})}
+               **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
         run = sandbox.run([sys.executable, "-I", str(workdir / "program.py")], workdir=workdir,
                           limits=replace(limits, wall_s=timeout, cpus=cpus or limits.cpus), hide=hide, env=env)
         return (-9 if run.timed_out else run.returncode), run.output_tail

@@ -32,7 +32,6 @@ from perflab.grading.run import (
     run_worker,
     sandboxed_child,
     sandboxed_program,
-    visible_gpu,
 )
 from perflab.grading.score import score
 from perflab.grading.workfolders import work_folder
@@ -42,7 +41,7 @@ log = logging.getLogger(__name__)
 
 def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: Sequence[Path] = (),
               timing_lock: Path | None = None, cpus: tuple[int, ...] | None = None,
-              gpu: int | None = None) -> SubmissionResult:
+              gpu: str | None = None) -> SubmissionResult:
     """Grade one submission and return its result (always a result, whatever the submission does).
 
     The submission is read and checked here (as data); its notebook runs in the sandbox, which
@@ -69,7 +68,7 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
     with work_folder(f"{job.lab}-") as workdir:
         env = prepare_job(job, info, tmpl, workdir, settings, nb, seed)
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible_gpu(gpu)
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),
                                                       "env": env}), encoding="utf-8")
         limits = replace(settings.limits, cpus=cpus) if cpus else settings.limits
@@ -85,7 +84,7 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         # Every re-measurement child of this job on its own cores or GPU: student code through `runners`,
         # perflab's configurations through `placed` (a judge measuring in this process, such as lab 1's
         # machine measurement, runs where the grader does).
-        with _timing_lock(timing_lock), placed(cpus, None if gpu is None else visible_gpu(gpu)):
+        with _timing_lock(timing_lock), placed(cpus, gpu):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
                                                       student=job.student)))
     return result

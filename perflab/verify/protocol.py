@@ -159,18 +159,19 @@ def direction(lo: float, hi: float) -> str:
     return "no difference detected"
 
 
-# Where the calling thread's children run (`placed`): (cores, GPU index), None for the process's own.
+# Where the calling thread's children run (`placed`): (cores, CUDA_VISIBLE_DEVICES entry), None for the
+# process's own.
 _placement: contextvars.ContextVar[tuple[tuple[int, ...] | None, str | None]] = contextvars.ContextVar(
     "perflab_verify_placement", default=(None, None))
 
 
 @contextlib.contextmanager
-def placed(cpus: tuple[int, ...] | None, gpu: int | str | None) -> Iterator[None]:
+def placed(cpus: tuple[int, ...] | None, gpu: str | None) -> Iterator[None]:
     """Inside this block, this thread's `run_child` runs its child on `cpus` (sched_setaffinity, where the
-    OS still allows them) and sees only GPU `gpu` (its CUDA_VISIBLE_DEVICES entry). A local grading pool gives each job its own cores or GPU; the
-    judges' re-measurement of that job runs there too, not on the grader's first GPU beside another job's
-    notebook."""
-    token = _placement.set((tuple(cpus) if cpus else None, None if gpu is None else str(gpu)))
+    OS still allows them) and sees only GPU `gpu` (its CUDA_VISIBLE_DEVICES entry). A local grading pool
+    gives each job its own cores or GPU; the judges' re-measurements of that job run there too, not on
+    the grader's first GPU beside another job's notebook."""
+    token = _placement.set((tuple(cpus) if cpus else None, gpu))
     try:
         yield
     finally:
