@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle profile help setup data test test-fast lint demo bench bench-verify bench-mystery bench-grade gpu-check labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-augment bench-verify bench-mystery bench-grade gpu-check labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ profile: setup  ## profile the ResNet-18 baseline on the small data set (through
 
 bench: setup  ## perflab.timing against torch.utils.benchmark on the same function
 	$(PYTHON) bench/bench_timing.py
+
+bench-augment: setup  ## the batched augmentation on the device against kornia's per image, per batch of 128 (CPU, and CUDA when present)
+	$(PYTHON) bench/bench_augment.py
 
 clean:  ## remove built data and caches (keeps .venv)
 	rm -rf datasets/build .pytest_cache
