@@ -17,9 +17,10 @@ from typing import Any
 
 DATA = "data loading"
 COPY = "host-device copy"
+AUGMENT = "augmentation on the device"
 COMPUTE = "compute"
 MEMORY = "memory bandwidth"
-VERDICTS = (DATA, COPY, COMPUTE, MEMORY)
+VERDICTS = (DATA, COPY, AUGMENT, COMPUTE, MEMORY)
 
 # With the device synchronised at phase edges, the data phase is time the model waits for the
 # loader. Beyond 30% of the step, overlapping the loader (workers, prefetch) is a larger gain
@@ -28,6 +29,10 @@ DATA_BOUND_SHARE = 0.30
 # A synchronous copy taking a fifth of the step is what pinned, non-blocking copies remove;
 # below that, overlapping it wins less than the compute-side optimisations.
 COPY_BOUND_SHARE = 0.20
+# The augmentation on the device is elementwise work and one resampling of the batch: a few passes over
+# memory against the model's many. A fifth of the step is several times what it should cost (0.2 ms of an
+# H200's 20 ms bf16 step at batch 128), as much as a copy that pinning would hide.
+AUGMENT_BOUND_SHARE = 0.20
 # A GPU busy less than half of the time is starved: then even a moderate data share is the cause.
 LOW_GPU_UTILIZATION = 0.50
 STARVED_DATA_SHARE = 0.15
@@ -118,7 +123,8 @@ def diagnose(phases: Mapping[str, float], *, device: str = "cpu", roofline: Mapp
              cpu_bf16: bool = False) -> Diagnosis:
     """The bottleneck of a training step from its measurements.
 
-    `phases`: seconds per step by phase (data, h2d, forward, backward, optimizer).
+    `phases`: seconds per step by phase (`perflab.phase_timer.PHASES`: data, h2d, augment, forward, backward,
+    optimizer; a file written before augment was timed apart has its time in h2d).
     `roofline`: the results section {"peak_flops", "peak_bandwidth", "layers": [{flops, bytes, verdict}]}.
     `phase_top_ops`: the op with most self time inside each phase; `top_op`: the top op overall.
     `gpu_utilization`: mean NVML utilisation in [0, 1] during the run (CUDA only).
@@ -146,12 +152,14 @@ def _diagnose(phases: Mapping[str, float], device: str, roofline: Mapping[str, A
     if gpu_utilization is not None:
         evidence.append(f"GPU utilisation during the run: {gpu_utilization:.0%} (NVML)")
 
-    data, copy = share.get("data", 0.0), share.get("h2d", 0.0)
+    data, copy, augment = share.get("data", 0.0), share.get("h2d", 0.0), share.get("augment", 0.0)
     input_bound = None
     if data >= DATA_BOUND_SHARE or (starved and data >= STARVED_DATA_SHARE):
         input_bound = "data"
     if copy >= COPY_BOUND_SHARE and copy > data:
         input_bound = "h2d"
+    if augment >= AUGMENT_BOUND_SHARE and augment > max(data, copy):
+        input_bound = "augment"
     if input_bound is not None:
         component = input_bound
         operation = phase_top_ops.get(component) or top_op or "unknown (not traced)"
@@ -160,6 +168,10 @@ def _diagnose(phases: Mapping[str, float], device: str, roofline: Mapping[str, A
                    + (f" while the GPU is busy only {gpu_utilization:.0%}" if starved else ""))
             step, lab = _next_for_data(knobs, device)
             return Diagnosis(DATA, component, operation, why, step, lab, tuple(evidence))
+        if component == "augment":
+            why = f"augmenting the batch on the device takes {augment:.0%} of the step"
+            step, lab = _next_for_augment(knobs)
+            return Diagnosis(AUGMENT, component, operation, why, step, lab, tuple(evidence))
         why = f"host-to-device copies take {copy:.0%} of the step"
         step, lab = _next_for_copy(knobs)
         return Diagnosis(COPY, component, operation, why, step, lab, tuple(evidence))
@@ -215,12 +227,22 @@ def _next_for_data(knobs: Mapping[str, Any], device: str) -> tuple[str, str]:
 
 def _next_for_copy(knobs: Mapping[str, Any]) -> tuple[str, str]:
     if knobs.get("data_on_device"):
-        return ("nothing is copied per step with the set on the device: this phase is the augmentation on the "
-                "device (kornia's crop, flip and jitter)", "lab02")
+        return ("nothing is copied per step with the set on the device: a results file written before the "
+                "augmentation was timed apart counts it here; profile again to see it as the augment phase",
+                "lab02")
     if not knobs.get("pin_memory"):
         return ("--pin-memory: page-locked batches let the non_blocking copies overlap compute", "lab02")
     return ("copy uint8 images and normalise on the device (--gpu-augment): a quarter of the bytes",
             "lab02")
+
+
+def _next_for_augment(knobs: Mapping[str, Any]) -> tuple[str, str]:
+    if not knobs.get("gpu_augment"):
+        return ("this phase is only the conversion to --channels-last: convert the model's input once, or "
+                "leave the input as it comes (the first convolution takes either)", "lab03")
+    return ("augment the whole batch with batched tensor ops (one resampling for every image's crop and flip, "
+            "the colour jitter as per-image factors), never image by image: perflab.workload.DeviceAugment "
+            "does, and a custom augmentation should too", "lab02")
 
 
 def _amp_helps(device: str, cpu_bf16: bool) -> bool:

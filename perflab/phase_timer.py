@@ -1,4 +1,5 @@
-"""The per-step phase timer: data wait, host-to-device copy, forward, backward, optimizer.
+"""The per-step phase timer: data wait, host-to-device copy, augmentation on the device, forward, backward,
+optimizer.
 
 `PhaseTimer.phase(name)` wraps a place in the training loop. When enabled it synchronises the
 device at both ends of the phase so that asynchronous GPU work is charged to the phase that
@@ -18,7 +19,11 @@ import torch
 
 from perflab import env
 
-PHASES = ("data", "h2d", "forward", "backward", "optimizer")
+# Each phase is named for what it times: `data` the wait for the loader's batch, `h2d` its copy to the device
+# (nothing where the batch is already there), `augment` the augmentation on the device and the conversion to
+# the memory format (`Workload.augment_on_device`), then the model's forward, backward and optimizer step.
+# Results files written before `augment` was timed apart hold no `augment` (their `h2d` includes it).
+PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer")
 
 
 @dataclass

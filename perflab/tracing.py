@@ -3,9 +3,9 @@
 `trace_training(config)` runs the workload under `torch.profiler.profile` with a
 `torch.profiler.schedule` (skip `wait` steps, warm up the profiler for `warmup` steps, record
 `active` steps). Every phase of `perflab.workload.train_step` is wrapped in a
-`torch.profiler.record_function` label (data, h2d, forward, backward, optimizer) by handing the
-loop a `LabelledTimer`: the loop is not reshaped, the same `with timer.phase(...)` lines that time
-the phases also name them in the trace.
+`torch.profiler.record_function` label (`perflab.phase_timer.PHASES`: data, h2d, augment, forward,
+backward, optimizer) by handing the loop a `LabelledTimer`: the loop is not reshaped, the same
+`with timer.phase(...)` lines that time the phases also name them in the trace.
 
 What comes back is plain data (`TraceResult`: one `TopOp` row per operator name, the profiler's
 own time per phase label, the ops inside each phase), so it can be printed, saved and tested

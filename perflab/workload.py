@@ -517,18 +517,28 @@ class Workload:
         return autocast(self.config, self.device)
 
     def on_device(self, images: torch.Tensor, labels: torch.Tensor, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """A loader batch as the model takes it: on the device, augmented there where `gpu_augment` is on
-        (the loader hands over uint8 crops; a set kept on the device, uint8 squares the device crops), in
-        the configured memory format. `micro`: the micro-batch within the step (each draws its own
-        augmentation)."""
+        """A loader batch as the model takes it: `copy_to_device`, then `augment_on_device`. `micro`: the
+        micro-batch within the step (each draws its own augmentation)."""
+        images, labels = self.copy_to_device(images, labels)
+        return self.augment_on_device(images, micro), labels
+
+    def copy_to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch moved to the device as the loader gave it (the loop's `h2d` phase): a copy from host
+        memory, non-blocking from pinned memory; nothing is copied when it is already there (a set kept on
+        the device, or a CPU run)."""
+        non_blocking = self.config.pin_memory
+        return images.to(self.device, non_blocking=non_blocking), labels.to(self.device, non_blocking=non_blocking)
+
+    def augment_on_device(self, images: torch.Tensor, micro: int = 0) -> torch.Tensor:
+        """Images on the device as the model takes them (the loop's `augment` phase): augmented there where
+        `gpu_augment` is on (the loader hands over uint8 crops; a set kept on the device, uint8 squares the
+        device crops), in the configured memory format."""
         cfg = self.config
-        images = images.to(self.device, non_blocking=cfg.pin_memory)
-        labels = labels.to(self.device, non_blocking=cfg.pin_memory)
         if self.augment is not None:
             images = self.augment(images.float().div_(255), self.steps_done * cfg.accumulation_steps + micro)
         if cfg.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        return images, labels
+        return images
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next micro-batch as the loader gives it (uint8 with `gpu_augment`: see `on_device`),
@@ -585,7 +595,9 @@ def train_step(work: Workload, timer: PhaseTimer | None = None) -> tuple[torch.T
         with timer.phase("data"):
             images, labels, index = work.next_batch()
         with timer.phase("h2d"):
-            images, labels = work.on_device(images, labels, micro)
+            images, labels = work.copy_to_device(images, labels)
+        with timer.phase("augment"):
+            images = work.augment_on_device(images, micro)
         with timer.phase("forward"), work.autocast():
             logits = model(images)
             loss = nn.functional.cross_entropy(logits, labels) / cfg.accumulation_steps

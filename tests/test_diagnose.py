@@ -61,6 +61,24 @@ def test_copy_bound_suggests_pinned_memory_then_uint8() -> None:
     assert "uint8" in d.next_step
 
 
+def test_augment_bound_names_the_augmentation_not_the_copy() -> None:
+    """The set on the device: nothing is copied, and the step's time goes to augmenting it there."""
+    phases = {"data": 0.01, "h2d": 0.0, "augment": 0.36, "forward": 0.23, "backward": 0.37, "optimizer": 0.03}
+    d = dg.diagnose(phases, device="cuda", phase_top_ops={"augment": "aten::grid_sampler_2d"},
+                    config={"gpu_augment": True, "data_on_device": True})
+    assert d.verdict == dg.AUGMENT and d.component == "augment" and d.operation == "aten::grid_sampler_2d"
+    assert "augment" in d.reason and "36%" in d.reason and "host-to-device" not in d.reason
+    assert "batch" in d.next_step and "pin" not in d.next_step and d.lab == "lab02"
+    below = {**phases, "augment": dg.AUGMENT_BOUND_SHARE * 0.5}
+    assert dg.diagnose(below, device="cuda").verdict == dg.COMPUTE
+
+
+def test_an_old_file_with_augmentation_counted_in_h2d_says_so() -> None:
+    phases = {"data": 0.01, "h2d": 0.36, "forward": 0.23, "backward": 0.37, "optimizer": 0.03}
+    d = dg.diagnose(phases, device="cuda", config={"gpu_augment": True, "data_on_device": True})
+    assert d.verdict == dg.COPY and "augment phase" in d.next_step
+
+
 def test_compute_bound_names_the_dominant_phase_and_its_top_op() -> None:
     d = dg.diagnose(COMPUTE_STEP, roofline=COMPUTE_LAYERS,
                     phase_top_ops={"backward": "aten::convolution_backward", "forward": "aten::conv"},

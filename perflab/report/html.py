@@ -54,7 +54,7 @@ SECTIONS = (
 SECTION_IDS = tuple(s[0] for s in SECTIONS)
 
 # perflab.phases.PHASES, repeated so that rendering a report never imports torch (a test checks they agree).
-PHASE_ORDER = ("data", "h2d", "forward", "backward", "optimizer")
+PHASE_ORDER = ("data", "h2d", "augment", "forward", "backward", "optimizer")
 
 # The parts of `memory_budget` that add up to a step's memory; other keys (a measured peak) are shown apart.
 BUDGET_PARTS = ("parameters", "gradients", "optimizer", "activations")
@@ -332,6 +332,11 @@ def _phases(b: _Builder) -> tuple[str, str]:
     rows.append(["total"] + [f"{sum(p.values()) * 1e3:.1f} ms" for _, p in bars])
     out.append(table(["phase"] + [label for label, _ in bars], rows,
                      numeric=range(1, len(bars) + 1)))
+    older = [item.lab for item in items if (item.config or {}).get("gpu_augment")
+             and not any("augment" in (item.sections["phases"].get(when) or {}) for when in ("before", "after"))]
+    if older:
+        out.append(f"<p>{esc(', '.join(older))}: written before the augmentation on the device was timed as its "
+                   "own phase; its h2d includes that augmentation.</p>")
     return "".join(out), b.source(items)
 
 
