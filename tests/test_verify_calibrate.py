@@ -59,7 +59,7 @@ def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
 
     def recording(module):
         def pair(mode):
-            path = expectations.default_dir()
+            path = expectations.search_path()[0]  # the folder just written, read first
             seen[module.EXPECTATION] = (path, sorted(expectations.load_file(next(path.glob("*.json")))["optimisations"]))
             base = TrainConfig(data="tiny")
             return base, base.replace(amp_dtype="bf16")
@@ -73,6 +73,7 @@ def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
     assert seen == {"lab03_amp": (tmp_path, ["num_workers"]), "lab06_final": (tmp_path, ["lab03_amp", "num_workers"])}
     assert sorted(expectations.load_file(path)["optimisations"]) == ["lab03_amp", "lab06_final", "num_workers"]
     assert expectations.EXPECTATIONS_ENV not in __import__("os").environ
+    assert expectations.search_path() == (expectations.default_dir(),)  # the block's folder is read no more
 
 
 def test_each_optimisation_is_calibrated_at_the_sizes_of_the_lab_that_grades_it(tmp_path, monkeypatch):
@@ -125,12 +126,16 @@ def test_calibrating_some_optimisations_drops_bars_timed_at_another_thread_count
 
 
 def test_a_reference_answer_that_is_the_baseline_is_not_timed():
-    """Lab 3's answer on a CPU without bf16 keeps FP32: nothing to time, and no run 'fails'."""
+    """Lab 3's answer on a CPU without bf16 keeps FP32 (and lab 6's final, where nothing before it gains):
+    nothing to time, no run 'fails', and the entry is a parity bar that says why."""
+    from perflab.verify import expectations
     from perflab.workload import TrainConfig
 
     base = TrainConfig(data="tiny")
     entry = calibrate._measure("lab03_amp", base, base.replace(pin_memory=True), 3, None, None)
-    assert entry["kind"] == "unmeasured" and entry["runs"] == [] and "is the baseline" in entry["rule"]
+    assert entry["runs"] == [] and "no change is the right answer here" in entry["rule"]
+    # A bar, not a missing one: keeping the baseline is the answer, and a regression still fails.
+    assert (entry["kind"], entry["threshold"]) == ("parity", expectations.PARITY_BAR)
 
 
 def test_runs_of_several_calibrations_are_pooled_each_and_the_lowest_bar_kept():

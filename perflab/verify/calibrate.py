@@ -11,7 +11,6 @@ import contextlib
 import datetime as _dt
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,12 +113,13 @@ def available(names: Sequence[str] | None, device: str | None = None) -> list[st
 def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPEATS, mode: str = "grade",
               device: str | None = None, pairs: int = CALIBRATION_PAIRS,
               out_dir: Path | None = None, on_run: Callable[[str, int, Any], None] | None = None,
-              add: bool = False) -> Path:
+              add: bool = False, host: str | None = None) -> Path:
     """Run every reference pair `repeats` times and write `<out_dir>/<hardware_class>.json`; its path.
 
     With `add`, the file's earlier runs of the same pairs are kept beside this calibration's, and each
     bar is the lowest of the calibrations (`expectations.summarise`): for a class graded on several
-    hosts, calibrate on each. Without, this calibration replaces the entries it measures."""
+    hosts, calibrate on each. Without, this calibration replaces the entries it measures. `host` (the
+    machine's name) is recorded in the file where given: a course's own calibration says where it ran."""
     from perflab import env
 
     if repeats < 1:
@@ -142,11 +142,11 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
     for name in [name for name in modules if name in chosen]:  # lab order: lab 6 after the labs it sums
         # A lab's pair may depend on the bars measured before it (lab 6 adds only calibrated gains, lab 3's
         # answer among them): write them first, and let the lab read them from where they were written.
-        _write(path, machine, mode, repeats, pairs, entries)
+        _write(path, machine, mode, repeats, pairs, entries, host)
         with _reading_expectations_from(path.parent):
             pair = modules[name].calibration_pair(mode)
         entries[name] = _measure(name, *pair, repeats, budget, on_run, stamp=stamp, earlier=kept.get(name))
-    _write(path, machine, mode, repeats, pairs, entries)
+    _write(path, machine, mode, repeats, pairs, entries, host)
     return path
 
 
@@ -175,16 +175,10 @@ def _kept_entries(path: Path, hardware_class: str, mode: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _reading_expectations_from(folder: Path) -> Iterator[None]:
-    """`load_expectation` reads `folder` (PERFLAB_EXPECTATIONS) inside the block."""
-    saved = os.environ.get(expectations.EXPECTATIONS_ENV)
-    os.environ[expectations.EXPECTATIONS_ENV] = str(folder)
-    try:
+    """`load_expectation` reads `folder` first inside the block (in this thread), then the folders it read
+    before: the bars just written win."""
+    with expectations.reading([folder], first=True):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop(expectations.EXPECTATIONS_ENV, None)
-        else:
-            os.environ[expectations.EXPECTATIONS_ENV] = saved
 
 
 def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
@@ -196,8 +190,7 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
     from perflab.verify.protocol import verify
 
     if base.effective() == cand.effective():  # e.g. lab 3's answer on a CPU without bf16: FP32 as it was
-        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [], "kind": "unmeasured",
-                "rule": "the reference answer is the baseline on this hardware: nothing to time, no gain to take"}
+        return {"baseline": base.to_dict(), "candidate": cand.to_dict(), "runs": [], **expectations.no_change_entry()}
     runs = []
     for i in range(repeats):
         # The bar 1.0 only decides when the run may stop; with min_pairs == max_pairs it never stops early.
@@ -244,7 +237,8 @@ def same_pair(entry: dict[str, Any], base: Any, cand: Any) -> bool:
         return False
 
 
-def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entries: dict[str, Any]) -> None:
+def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entries: dict[str, Any],
+           host: str | None = None) -> None:
     from perflab.verify.protocol import VERIFY_THREADS
 
     doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION,
@@ -253,5 +247,7 @@ def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entrie
            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine.to_dict(),
            "optimisations": {k: v for k, v in entries.items() if "threshold" in v or v["kind"] == "unmeasured"}}
+    if host:
+        doc["host"] = host
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,16 @@ COST_FLOOR = 0.5
 
 # Optimisations known to cost time on purpose: without calibration they get COST_FLOOR.
 KNOWN_COSTS = ("checkpoint",)
+# The rule of an entry whose reference answer is the baseline itself on this hardware (lab 3's on a CPU
+# without bf16 units, lab 6's final where nothing before it gains): a bar, not a missing one.
+NO_CHANGE_RULE = ("no change is the right answer here: the reference plan is the baseline on this hardware, "
+                  f"so nothing is timed and no gain is required; no regression below {PARITY_BAR}x")
+
+
+def no_change_entry() -> dict[str, Any]:
+    """The summary of an entry whose reference candidate is its baseline: a parity bar, with its reason."""
+    return {"reference": 1.0, "reference_low": 1.0, "reference_high": 1.0, "kind": "parity",
+            "threshold": PARITY_BAR, "rule": NO_CHANGE_RULE, "calibrations": 1}
 
 
 @dataclass(frozen=True)
@@ -59,14 +72,49 @@ class Expectation:
     hardware_class: str
     calibrated: bool
     reason: str
+    source: Path | None = None  # the file the bar was read from (None: a conservative rule)
+
+
+# The committed expectations: autograder/expectations in the source tree perflab is installed from.
+COMMITTED_DIR = Path(__file__).resolve().parents[2] / "autograder" / "expectations"
 
 
 def default_dir() -> Path:
-    """$PERFLAB_EXPECTATIONS, else autograder/expectations in the source tree perflab is installed from."""
+    """$PERFLAB_EXPECTATIONS, else the committed folder (COMMITTED_DIR)."""
     env = os.environ.get(EXPECTATIONS_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "autograder" / "expectations"
+    return COMMITTED_DIR
+
+
+# The folders `load_expectation` reads when it is given none, in order, as a block of code set them
+# (`reading`); None: the committed folder alone. A context variable, not a module global: each grading
+# thread (`perflab.grading.submission.grade_one`) sets the folders of its own run, from its settings.
+_FOLDERS: ContextVar[tuple[Path, ...] | None] = ContextVar("perflab_expectation_folders", default=None)
+
+
+def search_path() -> tuple[Path, ...]:
+    """The folders `load_expectation` reads, in order (the first with a calibrated bar gives it): the
+    committed folder (`default_dir`), then any a run added with `reading`."""
+    folders = _FOLDERS.get()
+    return folders if folders is not None else (default_dir(),)
+
+
+@contextlib.contextmanager
+def reading(folders: Sequence[Path], *, first: bool = False) -> Iterator[tuple[Path, ...]]:
+    """Inside the block (in this thread), `load_expectation` also reads `folders`: after the folders it read
+    before, so that a committed bar wins where it exists (a course's own calibration, `perflab grade grade`),
+    or with `first` before them (bars just calibrated into a folder of their own, `perflab calibrate --out`).
+    Yields the search path in force."""
+    now = search_path()
+    added = tuple(Path(f) for f in folders)
+    order = (*added, *now) if first else (*now, *added)
+    path = tuple(dict.fromkeys(order))
+    token = _FOLDERS.set(path)
+    try:
+        yield path
+    finally:
+        _FOLDERS.reset(token)
 
 
 # The field of a reference run naming the calibration it came from (its start, UTC): `summarise` pools
@@ -176,8 +224,10 @@ def load_expectation(name: str, machine: Any = None, *, directory: Path | None =
                      workload: Any = None) -> Expectation:
     """The bar for optimisation `name` on `machine` (default: this one); conservative rules where uncalibrated.
 
-    `workload` (the baseline `TrainConfig` the candidate is held against) must match the sizes the
-    calibration measured: a gain found at one image size and batch says nothing about another. The
+    `directory` is the one folder to read; without it, the folders of `search_path()` are read in order
+    (the committed expectations first, then a grading run's own calibration) and the first calibrated
+    bar wins. `workload` (the baseline `TrainConfig` the candidate is held against) must match the sizes
+    the calibration measured: a gain found at one image size and batch says nothing about another. The
     file must have been timed at the verifier's thread count (`verify_threads`), too.
     """
     if machine is None:
@@ -185,22 +235,38 @@ def load_expectation(name: str, machine: Any = None, *, directory: Path | None =
 
         machine = env.machine_info()
     hw = machine if isinstance(machine, str) else machine.hardware_class
-    path = expectations_path(hw, directory)
-    if path.is_file():
-        doc = load_file(path)
-        entry = doc.get("optimisations", {}).get(name)
-        other = _other_workload(entry, workload) if entry is not None else None
-        other = other or other_threads(doc)
-        if entry is not None and "threshold" in entry and other is None:
-            return Expectation(name, float(entry["threshold"]), entry["kind"], hw, True,
-                               f"calibrated on {hw}: reference {entry['reference']:.2f}x; {entry['rule']}")
-        missing = (f"{path.name} has no entry for {name!r}" if entry is None
-                   else f"{path.name}: {name!r} {other}" if other is not None
-                   else f"{path.name}: the reference runs for {name!r} all failed")
-    else:
-        missing = f"no calibration for hardware class {hw!r} ({path.name} not found)"
+    folders = (directory,) if directory is not None else search_path()
+    reasons = []
+    for i, folder in enumerate(folders):
+        found = _bar_in(expectations_path(hw, folder), name, hw, workload, named=i > 0)
+        if isinstance(found, Expectation):
+            return found
+        reasons.append(found)
+    missing = "; ".join(dict.fromkeys(reasons))
     if any(name.startswith(cost) for cost in KNOWN_COSTS):
         return Expectation(name, COST_FLOOR, "cost", hw, False,
                            f"{missing}; conservative rule: a cost optimisation may be slower, not below {COST_FLOOR}x")
     return Expectation(name, PARITY_BAR, "parity", hw, False,
                        f"{missing}; conservative rule: no gain required, no regression below {PARITY_BAR}x")
+
+
+def _bar_in(path: Path, name: str, hw: str, workload: Any, *, named: bool = False) -> Expectation | str:
+    """The calibrated bar for `name` in the file `path`, or why it has none there (`named`: say the
+    folder too, for a folder other than the first read)."""
+    where = str(path) if named else path.name
+    if not path.is_file():
+        return (f"{where} not found" if named
+                else f"no calibration for hardware class {hw!r} ({path.name} not found)")
+    doc = load_file(path)
+    entry = doc.get("optimisations", {}).get(name)
+    other = _other_workload(entry, workload) if entry is not None else None
+    other = other or other_threads(doc)
+    if entry is not None and "threshold" in entry and other is None:
+        by = "" if not named else f" (this course's calibration, {path})"
+        return Expectation(name, float(entry["threshold"]), entry["kind"], hw, True,
+                           f"calibrated on {hw}{by}: reference {entry['reference']:.2f}x; {entry['rule']}", path)
+    if entry is None:
+        return f"{where} has no entry for {name!r}"
+    if other is not None:
+        return f"{where}: {name!r} {other}"
+    return f"{where}: {name!r} unmeasured ({entry.get('rule') or 'the reference runs all failed'})"
