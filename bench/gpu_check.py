@@ -57,7 +57,7 @@ SCHEMA, VERSION = "perflab.gpu_check", 1
 DEFAULT_BUDGET_SECONDS = 540
 # Seconds each step needs at least to be started (a step that cannot finish is skipped and said so).
 STEP_MINIMUM = {"env": 5, "data": 10, "profile": 30, "loader": 10, "drift": 20, "tests": 20, "calibrate": 60,
-                "judges": 30}
+                "judges": 30, "grading": 90}
 # Steps of lab 4's honest drift (plain against checkpointed student code) on the device: about a
 # verification's worth (the gate and its timed blocks at 2 steps a block).
 DRIFT_STEPS = 68
@@ -353,6 +353,59 @@ def run_tests(check: Check) -> None:
         raise RuntimeError(f"pytest -m gpu: {check.doc['tests']['summary']}")
 
 
+# The grading mode (`--grading`, a second call of at most 9 minutes): the demo class through the real
+# pipeline with default flags (the device, the limits and the pool as an instructor's run decides them),
+# lab by lab in this order while the budget lasts, each lab graded alone (lab 6 then starts from the plan
+# of `lab06.reference_decisions`, as a student whose earlier labs are not graded does).
+GRADE_LABS = ("lab02_feed", "lab03_amp", "lab06_together", "lab04_memory", "lab05_compile")
+GRADE_STUDENTS = ("reference", "lazy", "cheater")
+# Seconds a lab's grading needs at least to be started (three submissions, each re-measured).
+GRADE_LAB_MINIMUM = 90
+
+
+def error_outputs(notebook: Path) -> list[str]:
+    """The error outputs of an executed notebook, one line each ("cell N: Name: value")."""
+    import nbformat
+
+    out = []
+    for index, cell in enumerate(nbformat.read(notebook, as_version=4).cells, start=1):
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if output.get("output_type") == "error":
+                out.append(f"cell {index}: {output.get('ename')}: {str(output.get('evalue'))[:200]}")
+            elif output.get("output_type") == "stream" and output.get("name") == "stderr" and "Traceback" in output.get("text", ""):
+                out.append(f"cell {index}: a traceback on stderr")
+    return out
+
+
+def run_grading(check: Check, labs: tuple[str, ...], students: tuple[str, ...]) -> None:
+    """Grade the demo class lab by lab with the demo's defaults; per lab and student the autograded score,
+    each cell's score, the re-measured verdict, the seconds the submission took, and the reference
+    notebook's error outputs."""
+    from perflab import demo
+    from perflab.grading.state import State
+
+    grading = check.doc.setdefault("grading", {"students": list(students), "labs": {}})
+    for lab in labs:
+        if check.left() < GRADE_LAB_MINIMUM:
+            grading["labs"][lab] = {"skipped": f"not started: {check.left():.0f} s of the budget left"}
+            continue
+        t0 = time.perf_counter()
+        done = demo.run([lab], out=check.out / "grading" / lab, mode=check.mode, students=students,
+                        say=lambda text: print(f"[gpu-check]   {text}", flush=True))
+        rows: dict[str, Any] = {}
+        for record in State.load(done.course).records.values():
+            rows[record.student] = {
+                "score": record.score, "autograded_max": done.autograded_max.get(lab), "outcome": record.outcome,
+                "seconds": round(record.wall_s, 1), "flagged": record.flagged,
+                "cells": {c.grade_id: {"score": c.score, "max": c.max_score, "verdict": c.verdict,
+                                       "speedup": c.speedup} for c in record.cells if not c.needs_manual_grade}}
+        executed = done.course / "autograded" / "reference" / lab / f"{lab}.ipynb"
+        grading["labs"][lab] = {"seconds": round(time.perf_counter() - t0, 1), "students": rows,
+                                "calibration_seconds": round(done.calibration_seconds, 1),
+                                "reference_errors": error_outputs(executed) if executed.is_file() else ["no notebook"]}
+        check.save()
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -392,6 +445,15 @@ def table(doc: dict[str, Any]) -> str:
                      f"(tolerance {d['tolerance']})")
     if doc.get("tests"):
         lines.append(f"CUDA tests: {doc['tests']['summary']}")
+    for lab, row in doc.get("grading", {}).get("labs", {}).items():
+        if "skipped" in row:
+            lines.append(f"graded {lab:16s} {row['skipped']}")
+            continue
+        marks = ", ".join(f"{s} {r['score']:g}/{r['autograded_max'] or 0:g} ({r['seconds']:.0f} s"
+                          + (", flagged" if r["flagged"] else "") + ")" for s, r in row["students"].items())
+        errors = row["reference_errors"]
+        lines.append(f"graded {lab:16s} {marks}; reference notebook errors: {len(errors)}"
+                     + (f" ({errors[0]})" if errors else ""))
     return "\n".join(lines)
 
 
@@ -413,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the full set)")
     p.add_argument("--drift-steps", type=int, default=DRIFT_STEPS, help="steps of lab 4's honest drift")
     p.add_argument("--skip", action="append", default=[], choices=tuple(STEP_MINIMUM), help="leave a step out")
+    p.add_argument("--grading", action="store_true",
+                   help="the second mode: env, then the demo class graded through the real pipeline with default "
+                        "flags, lab by lab (" + ", ".join(GRADE_LABS) + ") while the budget lasts")
+    p.add_argument("--grade-labs", nargs="+", default=list(GRADE_LABS), help="labs the grading mode grades, in order")
+    p.add_argument("--grade-students", nargs="+", default=list(GRADE_STUDENTS), help="the demo students it grades")
     args = p.parse_args(argv)
 
     import torch
@@ -434,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         ("profile", lambda: run_profile(check, tuple(args.profile_steps))),
         ("loader", lambda: run_loader(check)),
     ]
+    if args.grading:  # a call of its own: what the grade gives, not what the machine is
+        steps = [steps[0], ("grading", lambda: run_grading(check, tuple(args.grade_labs), tuple(args.grade_students)))]
     for name, fn in steps:
         if name not in args.skip:
             check.step(name, fn)

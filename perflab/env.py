@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +19,70 @@ DEVICE_KINDS = ("cuda", "mps", "cpu")
 _BF16_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
 
 
+# The device a grading job is graded for, set by the grader in every process of the job (the notebook's
+# kernel, the judges' re-measurements, the sandboxed programs): `pick_device()` then answers it, or stops
+# with the reason where it cannot start, instead of quietly choosing another device.
+DEVICE_ENV = "PERFLAB_DEVICE"
+
+
+class DeviceUnavailable(RuntimeError):
+    """The device this process was told to run on ($PERFLAB_DEVICE) cannot start here."""
+
+
+def assigned_device() -> str | None:
+    """The device kind $PERFLAB_DEVICE assigns this process (None where it is unset)."""
+    value = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in DEVICE_KINDS:
+        raise ValueError(f"{DEVICE_ENV}: {value!r} is not one of {', '.join(DEVICE_KINDS)}")
+    return value
+
+
+@contextlib.contextmanager
+def assigned(kind: str | None) -> Iterator[None]:
+    """Inside this block, this process runs on `kind` ($PERFLAB_DEVICE; None leaves it as it is): the
+    grader's own judges grade for the device its jobs are graded for."""
+    if kind is None or os.environ.get(DEVICE_ENV) == kind:  # (pool threads of one run assign the same kind)
+        yield
+        return
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"device: {kind!r} is not one of {', '.join(DEVICE_KINDS)}")
+    before = os.environ.get(DEVICE_ENV)
+    os.environ[DEVICE_ENV] = kind
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DEVICE_ENV, None)
+        else:
+            os.environ[DEVICE_ENV] = before
+
+
+def cuda_problem() -> str | None:
+    """Why CUDA cannot start in this process (the driver's own message), or None where it can."""
+    if torch.cuda.is_available():
+        return None
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # the driver's message: no GPU, an address-space limit, a broken install
+        return f"{type(exc).__name__}: {exc}".strip()[:400]
+    return "torch sees no CUDA device (CUDA_VISIBLE_DEVICES={!r})".format(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def pick_device(preferred: str | None = None) -> torch.device:
-    """The device to run on: `preferred` if given (and available), else CUDA, then MPS, then CPU."""
+    """The device to run on: `preferred` if given (and available), else the device $PERFLAB_DEVICE assigns
+    (DeviceUnavailable where it cannot start: never a quiet fall back to another), else CUDA, then MPS,
+    then CPU."""
+    if not preferred:
+        assigned = assigned_device()
+        if assigned == "cuda" and (why := cuda_problem()):
+            raise DeviceUnavailable(f"this run is graded for CUDA ({DEVICE_ENV}=cuda) but CUDA cannot start "
+                                    f"here: {why}")
+        if assigned == "mps" and not _mps_available():
+            raise DeviceUnavailable(f"this run is graded for MPS ({DEVICE_ENV}=mps) but MPS is not available here")
+        if assigned:
+            return torch.device(assigned)
     if preferred:
         try:
             kind = torch.device(preferred).type
@@ -242,6 +306,9 @@ def run_mode() -> str:
         return mode
     if os.environ.get("NBGRADER_EXECUTION") == "autograde":
         return "grade"
+    assigned = assigned_device()
+    if assigned:
+        return "full" if assigned == "cuda" else "laptop"
     return "full" if torch.cuda.is_available() else "laptop"
 
 
@@ -293,11 +360,18 @@ FED_LABS = ("lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
 FED_WORKERS = 8
 
 
+# Set to 1, the fed labs start fed on any device and in any mode: how the kit's own tests run a GPU's
+# device-resident data path (the set decoded into memory, augmented by `DeviceAugment`) on a CPU.
+FED_ENV = "PERFLAB_FED_BASELINE"
+
+
 def baseline_loader(lab: str | None, device: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """The loader knobs (`TrainConfig` fields) of `lab`'s baseline on `device` (a device type; default the
     best here): on CUDA, labs in FED_LABS start fed, the training set decoded once into GPU memory and
     augmented there (`data_on_device`, `gpu_augment`), so that no loader sets the pace of what they time,
     on 16 cores or on Colab's 2; everywhere else, and in tiny mode, the plain loader ({})."""
+    if os.environ.get(FED_ENV) == "1" and lab in FED_LABS:  # the kit's own tests: a GPU's path on any device
+        return {"data_on_device": True, "gpu_augment": True}
     kind = str(device or pick_device().type).split(":")[0]
     if kind != "cuda" or lab not in FED_LABS or (mode or run_mode()) == "tiny":
         return {}

@@ -93,3 +93,20 @@ def test_the_data_step_builds_the_tiny_set_the_cuda_tests_train_on():
 
     sizes = gpu_check._sizes_needed("grade", "cpu")  # a TrainConfig on "cuda" needs a visible device
     assert "tiny" in sizes and "full" in sizes
+
+
+def test_the_grading_mode_grades_the_demo_class_through_the_real_pipeline(tmp_path):
+    """`--grading` (the check's second call on a GPU): the demo class graded with default flags, lab by lab,
+    scores, seconds and the reference notebook's error outputs in the JSON and the table."""
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--mode", "tiny", "--out", str(tmp_path),
+         "--grading", "--grade-labs", "lab03_amp", "--grade-students", "reference"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    assert list(doc["steps"]) == ["env", "grading"]
+    row = doc["grading"]["labs"]["lab03_amp"]
+    reference = row["students"]["reference"]
+    assert reference["score"] == reference["autograded_max"] > 0 and reference["seconds"] > 0
+    assert row["reference_errors"] == []
+    assert "graded lab03_amp" in (tmp_path / "gpu_check.txt").read_text(encoding="utf-8")

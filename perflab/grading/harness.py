@@ -78,7 +78,21 @@ def run(lab: str, seed: int, out: str, grade_ids: list[str] | None = None,
     observations = run_probes(probes, namespace if namespace is not None else _namespace(), seed)
     doc = {"schema": OBSERVATIONS_SCHEMA, "version": 1, "lab": lab, "seed": seed, "cells": observations,
            "kernel": kernel_state()}
+    if grade_ids == []:  # the first probe, before any student code: can this kernel run the job's device?
+        doc["device"] = device_state()
     Path(out).write_text(json.dumps(doc, allow_nan=False), encoding="utf-8")
+
+
+def device_state() -> dict[str, Any]:
+    """The device this kernel is graded for ($PERFLAB_DEVICE) and the one it gets, or why it gets none
+    (the driver's message): read by the worker before the student's first cell runs."""
+    from perflab import env
+
+    assigned = env.assigned_device()
+    try:
+        return {"assigned": assigned, "device": env.pick_device().type}
+    except env.DeviceUnavailable as exc:
+        return {"assigned": assigned, "error": str(exc)}
 
 
 # Environment variables a notebook has no business setting: they steer perflab, Python and nbgrader.

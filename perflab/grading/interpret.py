@@ -54,7 +54,7 @@ def interpret(run: SandboxRun, job: Job, info: LabInfo) -> SubmissionResult:
     if why is not None:
         if report is not None and report.trace:
             log.warning("%s/%s: %s\n%s", job.lab, job.student, why, report.trace)
-        return failure_result(info, why, **box)
+        return failure_result(info, why, machine_fault=report is not None and report.machine_fault, **box)
     assert report is not None
     return SubmissionResult(notebook=report.notebook, observations=report.observations, events=report.events,
                             files=report.files, **box)

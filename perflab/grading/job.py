@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perflab.env import DEVICE_ENV
 from perflab.grading import feedback as fb
 from perflab.grading import judging, sandbox
 from perflab.grading import nbgrader_api as nbapi
@@ -42,7 +44,12 @@ class Settings:
     cell_timeout: int = 600  # seconds one cell may run before it is interrupted (and scored 0)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the kernel
     jobs: int | None = None  # None: `pipeline.default_jobs()`
-    gpus: int = 0  # GPUs grading uses (the local pool gives each job one)
+    # GPUs grading uses, one per job: None, every GPU the grader sees (CUDA_VISIBLE_DEVICES respected);
+    # 0, none even where there are some (the run then grades for the CPU class). `grading.devices.decide`.
+    gpus: int | None = None
+    # The device kind every job is graded for (cuda, mps, cpu), decided once per run from `gpus` by
+    # `pipeline.grade` (None until then) and carried to each of the job's processes as $PERFLAB_DEVICE.
+    device: str | None = None
     hide: tuple[Path, ...] = ()  # more folders the sandbox must not see
     # Grade even where the sandbox has no namespaces (student code then runs as the instructor, with
     # the network): the instructor's explicit choice, recorded in every record of the run.
@@ -50,6 +57,12 @@ class Settings:
     # Refuse to grade a lab whose re-measured cell has no bar calibrated on this machine (`grading.bars`):
     # without one, such a cell takes the conservative rule, which keeping the baseline passes.
     require_calibration: bool = False
+    # Calibrate, before grading, the bars the graded labs read that no folder has for this machine
+    # (`self_calibration`); off (--no-calibration), such a cell takes the conservative rule, recorded.
+    self_calibrate: bool = True
+    # Folders of calibrated bars the judges read after the committed ones (the course's own calibration,
+    # set by the local back-end for its run; `perflab.verify.expectations.reading`).
+    expectations: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.cell_timeout < 1:
@@ -184,15 +197,20 @@ def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Se
         if extra.is_file() and extra.name != judging.JUDGES_FILE:
             shutil.copy2(extra, folder / extra.name)
     nbformat.write(nb, folder / info.notebook)
+    for lab, text in job.earlier:  # the student's graded earlier labs, where the lab looks for them at home
+        if re.fullmatch(r"lab\d\d_\w+", lab):
+            (workdir / lab / "results").mkdir(parents=True, exist_ok=True)
+            (workdir / lab / "results" / f"{lab}.json").write_text(text, encoding="utf-8")
     for name in ("home", "runtime", "cache"):
         (workdir / name).mkdir()
     env = {"HOME": str(workdir / "home"), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
            "IPYTHONDIR": str(workdir / "home" / ".ipython"), "MPLCONFIGDIR": str(workdir / "cache" / "mpl"),
            "XDG_CACHE_HOME": str(workdir / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "cache" / "inductor"),
            "PYTHONDONTWRITEBYTECODE": "1", **settings.env,
-           STUDENT_ENV: job.student}  # the id a lab draws per-student work for (lab 1's mystery pipeline)
+           STUDENT_ENV: job.student,  # the id a lab draws per-student work for (lab 1's mystery pipeline)
+           **({DEVICE_ENV: settings.device} if settings.device else {})}  # the one device the job is graded for
     (workdir / "job.json").write_text(json.dumps({
         "lab": job.lab, "student": job.student, "notebook": info.notebook, "sha256": job.sha256,
-        "cell_timeout": settings.cell_timeout, "env": env, "seed": seed,
+        "cell_timeout": settings.cell_timeout, "env": env, "seed": seed, "device": settings.device,
         "autograded": [c["grade_id"] for c in info.cells if not c["manual"]]}), encoding="utf-8")
     return env

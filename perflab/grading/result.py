@@ -38,6 +38,9 @@ class Job:
     lab: str
     path: Path  # submitted/<student>/<lab>/<notebook>.ipynb
     sha256: str
+    # (lab, results JSON) of this student's graded earlier labs this lab starts from (lab 6 from labs 2,
+    # 3 and 5: `STARTS_FROM`), laid beside the notebook as they would be at home (`job.prepare_job`).
+    earlier: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,14 @@ class WorkerReport:
     files: dict[str, str] = field(default_factory=dict)  # results/<lab>.json and its trace
     error: str | None = None  # set when the notebook could not be run at all
     trace: str | None = None  # the worker's own traceback, for the instructor's log only
+    # Set (with `error`) when the grading machine, not the submission, kept the notebook from running
+    # as graded: the device the job is graded for could not start in the sandbox.
+    machine_fault: bool = False
 
     def to_json(self) -> bytes:
         doc = {"schema": WORKER_SCHEMA, "version": WORKER_VERSION, "notebook": self.notebook,
                "observations": self.observations, "events": [e.to_dict() for e in self.events],
-               "files": self.files, "error": self.error, "trace": self.trace}
+               "files": self.files, "error": self.error, "trace": self.trace, "machine_fault": self.machine_fault}
         return json.dumps(doc).encode("utf-8")
 
     @classmethod
@@ -181,7 +187,8 @@ class WorkerReport:
         return cls(notebook if isinstance(notebook, str) else None,
                    observations if isinstance(observations, dict) else None,
                    _events(doc.get("events")), _files(doc.get("files")),
-                   _need(doc, "error", str, optional=True), _need(doc, "trace", str, optional=True))
+                   _need(doc, "error", str, optional=True), _need(doc, "trace", str, optional=True),
+                   doc.get("machine_fault") is True)
 
 
 @dataclass(frozen=True)
@@ -200,6 +207,9 @@ class SubmissionResult:
     sandbox_notes: tuple[str, ...] = ()
     seed: int | None = None
     hardware_class: str | None = None  # the machine that re-measured (set by a Ray worker)
+    # The grading machine's fault, not the submission's (`WorkerReport.machine_fault`): never merged as a
+    # score; the submission stays to be graded once the machine is fixed.
+    machine_fault: bool = False
 
     @classmethod
     def failure(cls, cells: Iterable[Mapping[str, Any]], reason: str, **fields: Any) -> SubmissionResult:
@@ -235,7 +245,8 @@ class SubmissionResult:
                    findings=tuple(_finding(f) for f in doc["findings"]),
                    wall_s=float(_need(doc, "wall_s", (int, float))), isolation=_need(doc, "isolation", str),
                    sandbox_notes=tuple(notes), seed=seed,
-                   hardware_class=_need(doc, "hardware_class", str, optional=True))
+                   hardware_class=_need(doc, "hardware_class", str, optional=True),
+                   machine_fault=doc.get("machine_fault") is True)
 
 
 def failure_result(info: LabInfo, reason: str, **fields: Any) -> SubmissionResult:

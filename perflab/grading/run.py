@@ -77,8 +77,18 @@ def run_worker(workdir: Path, env: Mapping[str, str], limits: sandbox.Limits,
                        limits=limits, hide=hide, env=env)
 
 
+def _device_env(gpu: str | None, device: str | None) -> dict[str, str]:
+    """The environment that gives a sandboxed process its job's device: the GPU it may see (its
+    CUDA_VISIBLE_DEVICES entry; "" hides every GPU) and the kind it is graded for ($PERFLAB_DEVICE)."""
+    from perflab.env import DEVICE_ENV
+
+    return {**({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}),
+            **({DEVICE_ENV: device} if device else {})}
+
+
 def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None, limits: sandbox.Limits,
-                    hide: Sequence[Path], cpus: tuple[int, ...] | None, gpu: str | None) -> tuple[Any, str, float]:
+                    hide: Sequence[Path], cpus: tuple[int, ...] | None, gpu: str | None,
+                    device: str | None = None) -> tuple[Any, str, float]:
     """`perflab.verify`'s child run in a fresh sandbox: a candidate of student code is re-measured
     where it can reach nothing of the grader's; the parent still decides from its raw times."""
     with work_folder("verify-") as workdir:
@@ -91,9 +101,12 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
         job["result_path"] = str(workdir / "result.json")
         (workdir / "verify-job.json").write_text(json.dumps(job), encoding="utf-8")
         env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(workdir / "mpl"),
-               **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-        box = replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus,
-                      memory_bytes=memory_limit if memory_limit is not None else limits.memory_bytes)
+               **_device_env(gpu, device)}
+        # The verifier's memory limit is each process's address space; None (its choice on CUDA) is no
+        # address-space limit here too, the job's memory then held by the sandbox's cgroup alone.
+        box = (replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus, address_space=False)
+               if memory_limit is None else
+               replace(limits, wall_s=time_limit, cpus=cpus or limits.cpus, memory_bytes=memory_limit))
         run = sandbox.run([sys.executable, "-I", "-m", "perflab.verify.child", "--job", str(workdir / "verify-job.json")],
                           workdir=workdir, limits=box, hide=hide, env=env)
         if run.timed_out:
@@ -109,12 +122,11 @@ def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int
 
 
 def sandboxed_program(program: str, timeout: float, *, limits: sandbox.Limits, hide: Sequence[Path],
-                      cpus: tuple[int, ...] | None, gpu: str | None) -> tuple[int, str]:
+                      cpus: tuple[int, ...] | None, gpu: str | None, device: str | None = None) -> tuple[int, str]:
     """A program holding student code, run with `python -I` in a fresh sandbox: (exit status, output tail)."""
     with work_folder("program-") as workdir:
         (workdir / "program.py").write_text(program, encoding="utf-8")
-        env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1",
-               **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+        env = {"HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", **_device_env(gpu, device)}
         run = sandbox.run([sys.executable, "-I", str(workdir / "program.py")], workdir=workdir,
                           limits=replace(limits, wall_s=timeout, cpus=cpus or limits.cpus), hide=hide, env=env)
         return (-9 if run.timed_out else run.returncode), run.output_tail

@@ -74,9 +74,14 @@ class Limits:
     """What one sandboxed run may use. None switches a limit off."""
 
     wall_s: float = 900.0
-    # Address space per process: torch's CPU import maps ~1.5 GiB; 8 GiB leaves room for real
-    # training steps while a runaway allocation fails fast. CUDA maps far more: switch it off there.
+    # The submission's memory: all its processes together in its cgroup, where the machine has cgroups,
+    # and each process's address space (RLIMIT_AS) unless `address_space` is off. torch's CPU import maps
+    # ~1.5 GiB; 8 GiB leaves room for real training steps while a runaway allocation fails fast.
     memory_bytes: int | None = 8 * GiB
+    # Also cap each process's address space at `memory_bytes`. Off for a job that may use CUDA
+    # (`grading.devices.job_limits`): the driver reserves far more address space than it uses, and under
+    # the cap CUDA cannot start at all.
+    address_space: bool = True
     # Processes and threads of the sandbox user (a kernel with torch runs ~40 threads).
     processes: int | None = 512
     # Largest file the command may write (a results JSON, a trace, a notebook with capped outputs).
@@ -365,6 +370,9 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
             notes.append(f"could not make the sandbox's cgroup ({exc}); memory is limited per process only")
     else:
         notes.append(cg.note)
+    if limits.memory_bytes and not limits.address_space and group is None:
+        notes.append("memory is not limited for this run: it may use CUDA, which an address-space limit stops, "
+                     "and this machine gives it no cgroup")
     spec = {
         "argv": list(argv), "workdir": str(workdir), "uid": uid, "gid": gid,
         "private": list(world_writable_folders()) if iso.kind != "none" else [],
@@ -372,7 +380,8 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
         "mounts": iso.kind != "none", "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()],
         "binds": dict(binds or {}),
         "expose": _unreachable(needed_paths(), uid, gid) if uid is not None else [],
-        "rlimits": {"AS": limits.memory_bytes, "NPROC": limits.processes, "FSIZE": limits.file_bytes},
+        "rlimits": {"AS": limits.memory_bytes if limits.address_space else None, "NPROC": limits.processes,
+                    "FSIZE": limits.file_bytes},
         "cpus": list(limits.cpus) if limits.cpus else None,
         "env": dict(env or {}),
     }

@@ -21,7 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from perflab.grading import checks, judging
+from perflab import env as env_module
+from perflab.grading import checks, devices, judging
 from perflab.grading.checks import grade_id
 from perflab.grading.interpret import interpret, kernel_findings
 from perflab.grading.job import Settings, prepare_job, released_notebook, restore_locked
@@ -71,20 +72,27 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
             env["CUDA_VISIBLE_DEVICES"] = gpu
         (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),
                                                       "env": env}), encoding="utf-8")
-        limits = replace(settings.limits, cpus=cpus) if cpus else settings.limits
+        job_limits = devices.job_limits(settings.limits, settings.device)  # no address-space cap on CUDA
+        limits = replace(job_limits, cpus=cpus) if cpus else job_limits
         run = run_worker(workdir, env, limits, hide)
     result = interpret(run, job, info)
+    if result.machine_fault:  # nothing of the student's was graded: the grader says so, and scores nothing
+        return result
     result = result.replace(findings=(*findings, *result.findings, *kernel_findings(result.observations)), seed=seed)
     if result.error is None:
         mode = judging.grading_mode(settings.env)
-        box = {"limits": settings.limits, "hide": hide, "cpus": cpus, "gpu": gpu}
+        box = {"limits": devices.job_limits(settings.limits, settings.device), "hide": hide, "cpus": cpus,
+               "gpu": gpu, "device": settings.device}
         runners = (functools.partial(sandboxed_child, **box), functools.partial(sandboxed_program, **box))
+        from perflab.verify.expectations import reading
         from perflab.verify.protocol import placed
 
         # Every re-measurement child of this job on its own cores or GPU: student code through `runners`,
         # perflab's configurations through `placed` (a judge measuring in this process, such as lab 1's
-        # machine measurement, runs where the grader does).
-        with _timing_lock(timing_lock), placed(cpus, gpu):
+        # machine measurement, runs where the grader does). The judges read the bars of the committed folder, then the run's own (`settings.expectations`:
+        # the course's calibration, `self_calibration`).
+        with _timing_lock(timing_lock), placed(cpus, gpu), env_module.assigned(settings.device), \
+                reading(settings.expectations):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
                                                       student=job.student)))
     return result

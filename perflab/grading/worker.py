@@ -57,9 +57,14 @@ class SandboxExecute(Execute):
     left behind is killed before grading goes on."""
 
     _dead_in: int | None = None
+    # The first probe's observations (`harness.device_state`): read after the first cell, before any of the
+    # student's, so that a kernel that cannot run the job's device runs nothing else.
+    start_probe: Path | None = None
+    machine_fault: str | None = None
 
     def preprocess(self, nb, resources=None, km=None):  # noqa: D102
         self._dead_in = None
+        self.machine_fault = None
         self._current = 0
         try:
             return super().preprocess(nb, resources, km)
@@ -67,6 +72,12 @@ class SandboxExecute(Execute):
             _kill_stragglers()
 
     def preprocess_cell(self, cell, resources, index):  # noqa: D102
+        if self.machine_fault is not None:
+            if cell.cell_type == "code":
+                cell.outputs = ([_error("GradingMachine", self.machine_fault)] if self._first_after_fault
+                                else [_error("NotRun", "not run: the grading machine could not run this notebook")])
+                self._first_after_fault = False
+            return cell, resources
         if self._dead_in is not None:
             if cell.cell_type == "code":
                 cell.outputs = [_error("NotRun", f"not run: the kernel was lost in cell {self._dead_in}")]
@@ -92,6 +103,9 @@ class SandboxExecute(Execute):
                 "KernelUnresponsive", f"the Python kernel stopped responding while running this cell "
                 f"({what[:160]}; a fork bomb or a stuck process can do this); the cells after it did not run"))
             return cell, resources
+        if index == 0 and self.start_probe is not None:
+            self.machine_fault = device_fault(self.start_probe)
+            self._first_after_fault = True
         if cell.cell_type == "code" and self._hit_process_limit(cell):
             # Forked copies of the kernel share its sockets: whether it still answers afterwards is
             # chance, so a cell that reached the process limit always ends the run, the same way.
@@ -325,6 +339,7 @@ def run(job_dir: Path) -> WorkerReport:
     os.environ.update({**(job.get("env") or {}), "NBGRADER_EXECUTION": "autograde", "PERFLAB_GRADER_REMEASURES": "1"})
     executor = SandboxExecute(timeout=int(job["cell_timeout"]), kernel_name="python3",
                               extra_arguments=["--HistoryManager.hist_file=:memory:"])
+    executor.start_probe = probe_dir / "start.json"
     try:
         executor.preprocess(nb, {"metadata": {"path": str(folder)}})
     except Exception as exc:  # nbclient could not start or talk to the kernel at all
@@ -342,8 +357,45 @@ def run(job_dir: Path) -> WorkerReport:
     observations = read_observations(probe_dir, len(probes) - 1)
     CapOutput().preprocess(nb, {})
     cap_total_outputs(nb, NOTEBOOK_CAP_BYTES)
+    files = results_files(folder, lab)
+    fault = executor.machine_fault or results_device_mismatch(files, lab, job.get("device"))
+    if fault:
+        return WorkerReport(notebook=nbformat.writes(nb), error=fault, machine_fault=True, events=_typed(_EVENTS))
     return WorkerReport(notebook=nbformat.writes(nb), observations=observations,
-                        events=_typed(_EVENTS + _error_events(nb)), files=results_files(folder, lab))
+                        events=_typed(_EVENTS + _error_events(nb)), files=files)
+
+
+# What an instructor does when a job's device cannot start in the sandbox.
+MACHINE_FAULT_ADVICE = ("check that the grader's own account can start it (`perflab env`), or grade on the CPU with "
+                        "`perflab grade grade --gpus 0`; the submission stays to be graded")
+
+
+def device_fault(start_probe: Path) -> str | None:
+    """Why the kernel cannot run the device its job is graded for, from the first probe's observations
+    (`harness.device_state`); None where it can, or where the job names no device."""
+    try:
+        device = json.loads(start_probe.read_text(encoding="utf-8")).get("device") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(device, dict) and isinstance(device.get("error"), str):
+        return f"not graded: the grading machine could not start {device.get('assigned')} in the sandbox " \
+               f"({device['error'][:300]}); {MACHINE_FAULT_ADVICE}"
+    return None
+
+
+def results_device_mismatch(files: dict[str, str], lab: str, assigned: str | None) -> str | None:
+    """Why the results file the notebook wrote names another device than the one its job is graded for
+    (the kernel then did not run the job's device: the machine's fault); None where they agree."""
+    if not assigned or f"{lab}.json" not in files:
+        return None
+    try:
+        device = json.loads(files[f"{lab}.json"]).get("machine", {}).get("device")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(device, str) and device != assigned:
+        return (f"not graded: the notebook ran on {device}, but this job is graded for {assigned} (the grading "
+                f"machine's fault, not the submission's); {MACHINE_FAULT_ADVICE}")
+    return None
 
 
 def _typed(events: list[dict[str, Any]]) -> tuple[Event, ...]:

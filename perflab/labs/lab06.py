@@ -411,17 +411,34 @@ def without(chain: Sequence[tuple[str, TrainConfig]], name: str, mode: str | Non
     return config
 
 
+def reference_decisions(info: env.MachineInfo, mode: str | None = None) -> dict[str, Any]:
+    """What labs 2, 3 and 5 decide on this kind of machine where their results are not beside lab 6, as
+    `plan_from` takes them ({"loader", "precision", "compile_mode"}): the loader on the cores the model's
+    thread leaves free, lab 3's answer (`precision_change`) where the hardware runs it, and compile on a
+    GPU in full or grade mode. The one re-entry of the notebook's `decisions` cell, of `reference_final`
+    and so of calibration: before, the notebook graded alone re-entered bf16 without channels_last and no
+    compile, not the plan lab 6's bar was calibrated on, and lost its re-measured cell on an H200."""
+    mode = mode or env.run_mode()
+    precision = precision_change(info, mode)
+    can = precision is not None and (info.device != "cpu" or info.cpu_bf16)
+    return {"loader": dict(loader_change(info).fields),
+            "precision": dict(precision.fields) if can and precision is not None else {},
+            "compile_mode": "default" if info.device == "cuda" and mode in ("full", "grade") else None}
+
+
 def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
                     expectations: Callable[[str], Any] | None = None) -> TrainConfig:
-    """The reference solution's FINAL without screening: the baseline plus every planned change the
-    calibration calls a gain (and checkpointing where memory demands it)."""
+    """The reference solution's FINAL without screening: the plan of `reference_decisions`, each change
+    kept where the calibration calls it a gain (and checkpointing where memory demands it)."""
     from perflab.verify import load_expectation
 
     info = info or env.machine_info()
+    mode = mode or env.run_mode()
     lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
     config = baseline_config(mode)
-    for plan in plan_changes(info, mode, memory_needed=lab06_memory.needs_checkpointing(config, info),
-                             expectations=lookup):
+    decided = reference_decisions(info, mode)
+    for plan in plan_from(decided["loader"], decided["precision"], decided["compile_mode"], info, mode,
+                          memory_needed=lab06_memory.needs_checkpointing(config, info)):
         bar = lookup(plan.change.expectation)
         if plan.action == "force" or (plan.action == "try" and bar.calibrated and bar.kind == "gain"):
             config = plan.change.apply(config)

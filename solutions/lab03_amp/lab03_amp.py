@@ -288,7 +288,7 @@ print("dtype_census: random networks and ResNet-18 pass")
 CENSUS_DTYPE = lab03.as_dtype(LOW[0]) if LOW else torch.bfloat16
 census_work = workload.build(BASELINE)
 census_images, census_labels, _ = census_work.next_batch()
-census_images, census_labels = census_images.to(DEVICE), census_labels.to(DEVICE)
+census_images, census_labels = census_work.on_device(census_images, census_labels)  # as the model takes them
 MODULE_CENSUS = dtype_census(census_work.model, census_images, census_labels, dtype=CENSUS_DTYPE)
 print(f"ResNet-18, forward pass under autocast({DEVICE.type}, {lab03.dtype_name(CENSUS_DTYPE)}):")
 print(lab03_figures.census_table(MODULE_CENSUS))

@@ -113,14 +113,13 @@ print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: 
 
 # %% nbgrader={"grade": false, "grade_id": "decisions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
-# Re-entered where a lab's results are not beside this one (the autograder runs this lab alone): the
-# loader lab 2 measured a gain with (a worker on the core the model's one thread leaves free), the
-# precision with bf16 units, and no compile on a CPU.
-LOADER = DECISIONS["loader"] if DECISIONS["loader"] is not None else dict(lab06.loader_change(INFO).fields)
-_amp = lab06.amp_dtype_for(DEVICE.type)
-PRECISION = (DECISIONS["precision"] if DECISIONS["precision"] is not None
-             else {"amp_dtype": _amp} if _amp and (DEVICE.type != "cpu" or INFO.cpu_bf16) else {})
-COMPILE = DECISIONS["compile_mode"] if DECISIONS["found"]["lab05_compile"] else None
+# Re-entered where a lab's results are not beside this one: what those labs' own measurements decided on
+# this kind of machine (the loader on the core the model's one thread leaves free, lab 3's precision and
+# layout where the hardware runs it, compile on a GPU).
+_DECIDED = lab06.reference_decisions(INFO)
+LOADER = DECISIONS["loader"] if DECISIONS["loader"] is not None else _DECIDED["loader"]
+PRECISION = DECISIONS["precision"] if DECISIONS["precision"] is not None else _DECIDED["precision"]
+COMPILE = DECISIONS["compile_mode"] if DECISIONS["found"]["lab05_compile"] else _DECIDED["compile_mode"]
 ### END SOLUTION
 PLAN = lab06.plan_from(LOADER, PRECISION, COMPILE, INFO, memory_needed=MEMORY_NEEDED)
 for plan in PLAN:
