@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ _STEP_PREFIX = "ProfilerStep"
 # NVML reports utilisation over its own sampling window (1/6 s to 1 s depending on the GPU);
 # polling faster only repeats values, slower misses short stalls.
 NVML_POLL_SECONDS = 0.1
+# No mean is stated from fewer samples than this inside the timed window: each NVML reading averages its
+# own trailing period (up to 1 s), so with fewer than 5 polls (half a second at NVML_POLL_SECONDS) most of
+# what they report is time before the window (the data set's decoding, the warm-up), not the timed steps.
+MIN_UTILIZATION_SAMPLES = 5
 # Bound on allocator events kept by the CUDA memory history (about 100 MB of host memory).
 MEMORY_HISTORY_ENTRIES = 100_000
 # Kineto (the profiler's C++ half) writes status lines and, on a CUDA build without a GPU, an
@@ -298,25 +303,58 @@ def cuda_memory_snapshot(path: str | Path, max_entries: int = MEMORY_HISTORY_ENT
 
 @dataclass
 class UtilizationSamples:
-    """GPU utilisation (0..1) polled through NVML while a block ran; empty where there is no NVML GPU."""
+    """GPU utilisation (0..1) polled through NVML while a block ran; empty where there is no NVML GPU.
+
+    `times` are the `time.perf_counter()` readings at which each sample was asked for; `within(start, end)`
+    keeps the samples of a timed window, and `window` says which. `mean` is None with fewer than
+    MIN_UTILIZATION_SAMPLES samples. `polled`: NVML was polled (a CUDA device and NVML were there).
+    """
 
     values: list[float] = field(default_factory=list)
     memory_values: list[float] = field(default_factory=list)
     error: str | None = None
+    times: list[float] = field(default_factory=list)
+    window: tuple[float, float] | None = None
+    polled: bool = False
+
+    @property
+    def enough(self) -> bool:
+        return len(self.values) >= MIN_UTILIZATION_SAMPLES
 
     @property
     def mean(self) -> float | None:
-        return sum(self.values) / len(self.values) if self.values else None
+        return sum(self.values) / len(self.values) if self.enough else None
 
     @property
     def memory_mean(self) -> float | None:
-        return sum(self.memory_values) / len(self.memory_values) if self.memory_values else None
+        return sum(self.memory_values) / len(self.memory_values) if self.enough and self.memory_values else None
+
+    def within(self, start: float, end: float) -> UtilizationSamples:
+        """The samples asked for between `start` and `end` (`time.perf_counter()` readings): a timed window."""
+        keep = [i for i, t in enumerate(self.times) if start <= t <= end]
+        return UtilizationSamples([self.values[i] for i in keep],
+                                  [self.memory_values[i] for i in keep if i < len(self.memory_values)],
+                                  self.error, [self.times[i] for i in keep], (start, end), self.polled)
+
+    def describe(self) -> str | None:
+        """The profile's line: 'GPU utilisation (NVML, 8 samples over the timed 0.76 s): mean 93%', why no
+        figure is stated, or None where nothing was polled (no CUDA device)."""
+        if self.error:
+            return f"GPU utilisation not sampled: {self.error}"
+        if not self.polled:
+            return None
+        over = f" over the timed {self.window[1] - self.window[0]:.2f} s" if self.window is not None else ""
+        if self.mean is not None:
+            return f"GPU utilisation (NVML, {len(self.values)} samples{over}): mean {self.mean:.0%}"
+        return (f"GPU utilisation not stated: {len(self.values)} NVML sample{'s' if len(self.values) != 1 else ''}"
+                f"{over}, fewer than the {MIN_UTILIZATION_SAMPLES} a mean needs (time more steps: --steps)")
 
 
 @contextlib.contextmanager
 def sample_gpu_utilization(device: torch.device | str | None = None,
                            interval: float = NVML_POLL_SECONDS) -> Iterator[UtilizationSamples]:
-    """Poll NVML's GPU and memory-controller utilisation in a thread while the block runs (CUDA only)."""
+    """Poll NVML's GPU and memory-controller utilisation in a thread while the block runs (CUDA only), each
+    sample timestamped on `time.perf_counter` when it is asked for (`UtilizationSamples.within`)."""
     samples = UtilizationSamples()
     dev = torch.device(device) if device is not None else env.pick_device()
     if dev.type != "cuda":
@@ -334,9 +372,11 @@ def sample_gpu_utilization(device: torch.device | str | None = None,
         yield samples
         return
     stop = threading.Event()
+    samples.polled = True
 
     def poll() -> None:
         while not stop.is_set():
+            asked = time.perf_counter()
             try:
                 rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
             except Exception as exc:  # pragma: no cover - device lost mid-run
@@ -344,6 +384,7 @@ def sample_gpu_utilization(device: torch.device | str | None = None,
                 return
             samples.values.append(rates.gpu / 100.0)
             samples.memory_values.append(rates.memory / 100.0)
+            samples.times.append(asked)
             stop.wait(interval)
 
     thread = threading.Thread(target=poll, name="nvml-poll", daemon=True)

@@ -1,14 +1,17 @@
 """The whole training workload profiled at once: what `perflab profile` measures and prints.
 
-`profile_training(config, plan)` times training steps, measures peak memory and the phase
-breakdown, counts FLOPs and parameters, traces the top ops, places the layers on the roofline and
-diagnoses the bottleneck; `TrainingProfile` holds the answers and derives rates and the
+`profile_training(config, plan)` times training steps, times the same step on one batch already on
+the device (the ceiling: what the device gives the step with no data path), measures peak memory and
+the phase breakdown, counts FLOPs and parameters, traces the top ops, places the layers on the roofline
+and diagnoses the bottleneck; `TrainingProfile` holds the answers and derives rates and the
 results-file sections from them. `ProfilePlan` says how many steps each part takes.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,7 @@ class ProfilePlan:
     phase_steps: int = 5
     trace: tuple[int, int, int] = (1, 1, 2)  # torch.profiler schedule (wait, warmup, active)
     peak_steps: int = 2
+    ceiling_steps: int = 5  # timed steps of the same step on one batch on the device (after `warmup`)
 
     @classmethod
     def for_steps(cls, steps: int) -> ProfilePlan:
@@ -39,7 +43,27 @@ class ProfilePlan:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
             raise ValueError(f"steps: must be an integer of at least 2, got {steps!r}")
         return cls(steps=steps, warmup=min(2, steps), phase_steps=max(2, steps // 2),
-                   trace=(1, 1, min(3, max(1, steps // 4))), peak_steps=2)
+                   trace=(1, 1, min(3, max(1, steps // 4))), peak_steps=2, ceiling_steps=max(2, steps // 2))
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The run's own training step (model, optimizer, precision, memory format, checkpointing, compile mode,
+    accumulation) on one batch already on the device in the model's layout: no loader, no copy, no
+    augmentation. What this device gives the step with no data path; the run's throughput is read as a
+    share of it."""
+
+    step_time: timing.Measurement
+    samples_per_step: int
+
+    @property
+    def rate(self) -> Throughput:
+        return Throughput(self.step_time.times, self.samples_per_step)
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second over the wall time of its timed steps, as the run's own figure is counted."""
+        return self.rate.samples_per_second
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,7 @@ class TrainingProfile:
     gpu_utilization: tracing.UtilizationSamples
     diagnosis: diagnose.Diagnosis
     batches_per_epoch: int | None = None
+    ceiling: Ceiling | None = None
 
     @property
     def samples_per_step(self) -> int:
@@ -76,6 +101,19 @@ class TrainingProfile:
     def throughput(self) -> float:
         """Samples per second over the wall time of the timed steps (every stall included)."""
         return self.rate.samples_per_second
+
+    @property
+    def ceiling_share(self) -> float | None:
+        """The run's throughput as a share of its ceiling (None where the ceiling was not timed)."""
+        return self.throughput / self.ceiling.throughput if self.ceiling is not None else None
+
+    def ceiling_line(self) -> str | None:
+        """'your pipeline reaches 56% of what this device gives the same step with no data path (...)'."""
+        if self.ceiling is None or self.ceiling_share is None:
+            return None
+        return (f"your pipeline reaches {self.ceiling_share:.0%} of what this device gives the same step with no "
+                f"data path ({self.ceiling.throughput:,.1f} samples/s on one batch already on the device, "
+                f"{self.ceiling.step_time.n} timed steps)")
 
     def throughput_ci(self) -> tuple[float, float]:
         """95% CI of the wall throughput (bootstrap over the timed steps)."""
@@ -134,6 +172,8 @@ class TrainingProfile:
             "mfu": {"achieved_flops_per_s": self.achieved_flops_per_s,
                     "peak_flops": self.peaks.peak_flops(self.roofline_dtype)},
             "bottleneck": self.diagnosis.to_dict(),
+            **({"ceiling": {"throughput": self.ceiling.rate.as_stat(), "share": self.ceiling_share}}
+               if self.ceiling is not None else {}),
         }
 
 
@@ -161,16 +201,51 @@ def _peak_of_training(config: TrainConfig, steps: int) -> memory.PeakMemory:
 
 
 def _time_steps(config: TrainConfig, plan: ProfilePlan,
-                device: torch.device) -> tuple[timing.Measurement, int, int]:
+                device: torch.device) -> tuple[timing.Measurement, int, int, tuple[float, float]]:
     """Seconds per consecutive training step (unsynchronised inside the step, synchronised at its end),
-    the class count and the loader's batches per epoch."""
+    the class count, the loader's batches per epoch, and the timed window: `time.perf_counter()` at the
+    first timed step's start and after the last one's end (GPU utilisation is read over it)."""
     work = workload.build(config)
+    calls = itertools.count()
+    start: list[float] = []
+
+    def step() -> None:
+        if next(calls) == plan.warmup:  # the first timed call: the warm-up and its sync are behind
+            start.append(time.perf_counter())
+        workload.train_step(work)
+
     try:
-        measured = timing.benchmark(lambda: workload.train_step(work), warmup=plan.warmup,
-                                    repeats=plan.steps, device=device, label="train step")
-        return measured, work.num_classes, len(work.loader)
+        measured = timing.benchmark(step, warmup=plan.warmup, repeats=plan.steps, device=device,
+                                    label="train step")
+        env.synchronize(device)
+        return measured, work.num_classes, len(work.loader), (start[0], time.perf_counter())
     finally:
         work.close()
+
+
+def _time_ceiling(config: TrainConfig, plan: ProfilePlan, device: torch.device, num_classes: int) -> Ceiling:
+    """The loop's own `train_step` fed one batch, already on the device and in the model's layout, forever:
+    the model, optimizer, autocast, scaler and compile call are built as `workload.build` builds them."""
+    model = workload.build_model(config, num_classes)
+    train_model: Callable[[torch.Tensor], torch.Tensor] = model
+    if config.compile_mode is not None:
+        train_model = torch.compile(model, mode=config.compile_mode)
+    generator = torch.Generator().manual_seed(config.seed)
+    images = torch.randn(config.batch_size, 3, config.image_size, config.image_size, generator=generator)
+    labels = torch.randint(num_classes, (config.batch_size,), generator=generator)
+    images, labels = images.to(device), labels.to(device)
+    if config.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    batch = (images, labels, torch.arange(config.batch_size))
+    scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
+    work = workload.Workload(config, model, train_model, workload.build_optimizer(config, model),
+                             itertools.repeat(batch), device, None, num_classes, scaler=scaler)  # type: ignore[arg-type]
+    try:
+        measured = timing.benchmark(lambda: workload.train_step(work), warmup=plan.warmup,
+                                    repeats=plan.ceiling_steps, device=device, label="ceiling step")
+    finally:
+        work.close()
+    return Ceiling(measured, config.samples_per_step)
 
 
 def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
@@ -186,9 +261,14 @@ def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
     device = env.pick_device(config.device)
 
     announce("throughput")
-    with tracing.sample_gpu_utilization(device) as util:
-        step_time, num_classes, batches_per_epoch = _time_steps(config, plan, device)
-    gc.collect()  # nothing of that run stays allocated while the peak is measured
+    with tracing.sample_gpu_utilization(device) as sampled:
+        step_time, num_classes, batches_per_epoch, window = _time_steps(config, plan, device)
+    util = sampled.within(*window)  # not the data set's decoding, the warm-up or the close
+    gc.collect()  # nothing of that run stays allocated while the ceiling and the peak are measured
+
+    announce("ceiling")
+    ceiling = _time_ceiling(config, plan, device, num_classes)
+    gc.collect()
 
     announce("peak memory")
     measured_peak = _peak_of_training(config, plan.peak_steps) if peak else None
@@ -239,7 +319,7 @@ def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
         cpu_bf16=machine.cpu_bf16,
     )
     return TrainingProfile(config, machine, step_time, breakdown, parameters, flops, budget, measured_peak,
-                           traced, peaks, peak_key, layers, util, verdict, batches_per_epoch)
+                           traced, peaks, peak_key, layers, util, verdict, batches_per_epoch, ceiling)
 
 
-__all__ = ["ProfilePlan", "TrainingProfile", "profile_training"]
+__all__ = ["Ceiling", "ProfilePlan", "TrainingProfile", "profile_training"]

@@ -92,6 +92,7 @@ def test_tiny_profile_end_to_end_writes_results_and_a_trace(
     for title in ("machine", "throughput", "phases", "parameters", "FLOPs", "memory budget",
                   "top ops", "roofline", "diagnosis"):
         assert f"== {title}" in text, f"section {title!r} missing from the output"
+    assert "your pipeline reaches " in text and "of what this device gives the same step with no data path" in text
     assert f"{TINY_RESNET_PARAMS:,}" in text
 
     doc = results.load(out)
@@ -109,8 +110,37 @@ def test_tiny_profile_end_to_end_writes_results_and_a_trace(
     assert s["top_ops"] and s["top_ops"][0]["self_time_s"] > 0
     assert s["bottleneck"]["verdict"] in diagnose.VERDICTS
     assert s["bottleneck"]["lab"] in diagnose.LABS
+    ceiling = s["ceiling"]
+    assert ceiling["share"] == pytest.approx(throughput["median"] / ceiling["throughput"]["median"])
+    assert f"reaches {ceiling['share']:.0%} of what" in text
     # The saved file holds what the diagnosis needs: diagnosing it again gives the same verdict.
     assert diagnose.diagnose_results(doc).verdict == s["bottleneck"]["verdict"]
 
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert set(PHASES) <= names
+
+
+def test_the_ceiling_is_the_runs_own_step_on_one_batch_and_the_share_is_throughput_over_it(
+        tiny_data) -> None:  # noqa: ANN001
+    """Cheap on a CPU: a few steps of the profile's own sizes, with no loader, copy or augmentation."""
+    import torch
+
+    from perflab import timing
+    from perflab import training_profile as tp
+
+    config = TrainConfig(batch_size=2, image_size=32, channels_last=True, gpu_augment=True, data_on_device=True)
+    plan = tp.ProfilePlan.for_steps(4)
+    ceiling = tp._time_ceiling(config, plan, torch.device("cpu"), num_classes=4)
+    assert ceiling.step_time.n == plan.ceiling_steps == 2 and ceiling.samples_per_step == 2
+    assert ceiling.throughput == pytest.approx(2 * 2 / sum(ceiling.step_time.times))
+
+    # A run twice as slow per step reaches half of its ceiling.
+    run = timing.Measurement(tuple(2 * t for t in ceiling.step_time.times))
+    unused = {f.name: None for f in dataclasses.fields(tp.TrainingProfile) if f.name not in ("config", "step_time")}
+    profile = tp.TrainingProfile(**{**unused, "config": config, "step_time": run, "ceiling": ceiling})
+    assert profile.ceiling_share == pytest.approx(profile.throughput / ceiling.throughput) == pytest.approx(0.5)
+    line = profile.ceiling_line()
+    assert line is not None and line.startswith("your pipeline reaches 50% of what this device gives the same step "
+                                                "with no data path")
+    doc = results.make("profile", {"ceiling": {"throughput": ceiling.rate.as_stat(), "share": 0.5}})
+    assert doc["sections"]["ceiling"]["share"] == 0.5

@@ -408,3 +408,28 @@ def test_an_a_a_ablation_is_never_drawn_as_a_gain(tmp_path):
                                        "cumulative": True, "aa": True}]}, machine=machine)
     speedups = section_text(report.build_report([path]).html, "speedups")
     assert "A/A: the noise floor" in speedups and "gain" not in speedups.replace("gain)", "")
+
+
+def test_a_profile_with_its_ceiling_and_augment_phase_renders_both(tmp_path):
+    """The share of the ceiling in the baseline section; the augment phase in the breakdown; and an older
+    file, whose h2d holds the augmentation on the device, says so."""
+    throughput = {"median": 6726.0, "ci": [6600.0, 6800.0], "unit": "samples/s", "statistic": "samples over wall time",
+                  "samples": [0.019, 0.019]}
+    ceiling = {"median": 12092.0, "ci": [12000.0, 12150.0], "unit": "samples/s",
+               "statistic": "samples over wall time", "samples": [0.0106, 0.0106]}
+    config = {"gpu_augment": True, "data_on_device": True, "batch_size": 128}
+    new = results.save(tmp_path / "profile.json", "profile", {
+        "baseline": {"throughput": throughput},
+        "phases": {"before": {"data": 0.00014, "h2d": 0.0, "augment": 0.0076, "forward": 0.00493,
+                              "backward": 0.00778, "optimizer": 0.0006}},
+        "ceiling": {"throughput": ceiling, "share": 6726.0 / 12092.0}}, config=config)
+    old = results.save(tmp_path / "older.json", "older", {
+        "phases": {"before": {"data": 0.00014, "h2d": 0.0076, "forward": 0.00493, "backward": 0.00778,
+                              "optimizer": 0.0006}}}, config=config)
+    page = report.build_report([new, old]).html
+    baseline = section_text(page, "baseline")
+    assert "56%" in baseline and "of the ceiling" in baseline
+    phases = section_text(page, "phases")
+    assert "<td>augment</td>" in phases
+    assert "older: written before the augmentation on the device was timed" in phases
+    assert "profile: written before" not in phases

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -85,7 +88,64 @@ def test_schedule_and_snapshot_arguments_are_checked(tiny_data) -> None:  # noqa
 def test_gpu_utilization_is_empty_off_cuda() -> None:
     with tracing.sample_gpu_utilization("cpu") as util:
         pass
-    assert util.values == [] and util.mean is None
+    assert util.values == [] and util.mean is None and not util.polled
+    assert util.describe() is None and util.within(0.0, 1.0).describe() is None, "nothing to say off CUDA"
+
+
+class _FakeNVML(types.ModuleType):
+    """pynvml with one GPU whose utilisation is whatever `busy` says when a sample is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.busy = 0.0
+        self.shut = False
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> types.SimpleNamespace:  # noqa: N802
+        return types.SimpleNamespace(gpu=100 * self.busy, memory=50 * self.busy)
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shut = True
+
+
+def test_only_samples_inside_the_timed_window_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle before (decoding the set, warming up) and after (closing), busy while timed: the timed window's
+    mean is the busy one, and the line states the window."""
+    nvml = _FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with tracing.sample_gpu_utilization(torch.device("cuda", 0), interval=0.005) as sampled:
+        time.sleep(0.15)
+        nvml.busy = 1.0
+        start = time.perf_counter()
+        time.sleep(0.15)
+        end = time.perf_counter()
+        nvml.busy = 0.0
+        time.sleep(0.15)
+    assert nvml.shut and sampled.error is None
+    assert sampled.mean is not None and sampled.mean < 0.9, "the whole run mixes idle and busy samples"
+    timed = sampled.within(start, end)
+    assert timed.window == (start, end)
+    assert len(timed.values) == sum(start <= t <= end for t in sampled.times) >= tracing.MIN_UTILIZATION_SAMPLES
+    assert timed.mean == 1.0 and timed.memory_mean == 0.5
+    line = timed.describe()
+    assert line is not None and line.startswith(f"GPU utilisation (NVML, {len(timed.values)} samples over the timed ")
+    assert line.endswith("s): mean 100%")
+
+
+def test_no_utilisation_figure_from_too_few_samples() -> None:
+    few = tracing.MIN_UTILIZATION_SAMPLES - 1
+    util = tracing.UtilizationSamples([1.0] * few, [0.5] * few, None, [float(i) for i in range(few)], polled=True)
+    timed = util.within(0.0, 10.0)
+    assert timed.mean is None and timed.memory_mean is None
+    line = timed.describe()
+    assert line is not None and "not stated" in line and "%" not in line and "over the timed 10.00 s" in line
+    assert tracing.UtilizationSamples(error="NVML unavailable: no GPU").describe() == (
+        "GPU utilisation not sampled: NVML unavailable: no GPU")
 
 
 @pytest.mark.gpu

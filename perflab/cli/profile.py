@@ -38,7 +38,7 @@ _HELP = {
     "pin_memory": "page-locked batches for non-blocking host-to-device copies (CUDA)",
     "persistent_workers": "keep workers alive across epochs",
     "prefetch_factor": "batches each worker keeps in flight",
-    "gpu_augment": "augment on the device with kornia",
+    "gpu_augment": "augment on the device (the batch's crop, flip and colour jitter in batched tensor ops)",
     "data_on_device": "decode the training set once into device memory and gather each batch there (needs "
                       "--gpu-augment and no workers)",
     "amp_dtype": "autocast dtype: bf16 or fp16",
@@ -69,7 +69,8 @@ def _knob_fields() -> list[tuple[str, type, bool, Any]]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile", help="profile ResNet-18 training with any knob set and diagnose the bottleneck",
-        description="Measure throughput (with its CI), the per-step phases, parameters, FLOPs, the "
+        description="Measure throughput (with its CI) and its share of the ceiling (the same step on one batch "
+                    "already on the device), the per-step phases, parameters, FLOPs, the "
                     "memory budget, the top ops, roofline verdicts per layer, and diagnose the bottleneck.",
     )
     p.add_argument("--size", default=None, metavar="tiny|small|photo|full|PATH",
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--memory-snapshot: the allocator history exists on CUDA only")
     _check_data(config)
 
-    stages = ["throughput", "peak memory", "phases", "counting", "trace", "roofline"]
+    stages = ["throughput", "ceiling", "peak memory", "phases", "counting", "trace", "roofline"]
     bar = tracing.progress_bar(None, total=len(stages), desc="profile", unit="part")
     seen: list[str] = []
 
@@ -214,11 +215,10 @@ def render(result: TrainingProfile, plan: ProfilePlan) -> str:
               f"step time median {format_time(m.median)}, IQR {format_time(m.iqr)}, "
               f"{m.n} timed steps after {m.warmup} warm-up ({cfg.samples_per_step} samples per step)"]
     lines += [f"WARNING: {w}" for w in m.warnings]
-    util = result.gpu_utilization
-    if util.mean is not None:
-        lines.append(f"GPU utilisation (NVML, {len(util.values)} samples): mean {util.mean:.0%}")
-    elif util.error:
-        lines.append(f"GPU utilisation not sampled: {util.error}")
+    if (ceiling := result.ceiling_line()) is not None:
+        lines.append(ceiling)
+    if (util := result.gpu_utilization.describe()) is not None:
+        lines.append(util)
 
     lines += [_section(f"phases (per step, device-synchronised, {result.phases.steps} steps)"),
               result.phases.table()]

@@ -200,6 +200,11 @@ def _baseline(b: _Builder) -> tuple[str, str]:
     st = first.get("step_time")
     if isinstance(st, dict) and "median" in st:
         out.append(f'<div class="kpi"><b>{esc(_stat(st)[0])}</b><span>median step time</span></div>')
+    ceilings = [(item, item.sections["ceiling"]) for item in b.rs.having("ceiling")]
+    if ceilings:
+        item, ceiling = ceilings[-1]
+        out.append(f'<div class="kpi"><b>{ceiling["share"]:.0%}</b><span>of the ceiling: what this device gives '
+                   f"the same step with no data path ({esc(item.lab)})</span></div>")
     rows = []
     for item in items:
         base = item.sections["baseline"]
@@ -209,6 +214,15 @@ def _baseline(b: _Builder) -> tuple[str, str]:
                      _stat(beside)[0] if isinstance(beside, dict) else "–", *_stat(base.get("step_time"))])
     out.append(table(["source", "throughput", "95% CI", "measured as", "at the median step", "step time (median)",
                       "95% CI"], rows, numeric=(1, 2, 4, 5, 6)))
+    if ceilings:
+        out.append("<h3>Ceiling</h3><p>The run's own training step timed on one batch already on the device, in "
+                   "the model's layout (same model, optimizer, precision, memory format and compile mode; no "
+                   "loader, no copy, no augmentation): the pipeline's throughput as a share of it says how much "
+                   "of the step the data path costs.</p>")
+        out.append(table(["source", "pipeline", "ceiling", "95% CI", "share of the ceiling"],
+                         [[item.lab, _stat(item.sections.get("baseline", {}).get("throughput"))[0],
+                           *_stat(ceiling["throughput"]), f"{ceiling['share']:.0%}"] for item, ceiling in ceilings],
+                         numeric=(1, 2, 3, 4)))
     stalls = [(item.lab, line) for item in items if (line := _stall_line(item.sections["baseline"]))]
     if stalls:
         out.append("<p>" + "<br>".join(f"{esc(lab)}: {esc(line)}" for lab, line in stalls) + "</p>")
