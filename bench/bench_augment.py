@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from perflab import env, timing
-from perflab.workload import DeviceAugment, _sample_seed
+from perflab.device_augment import DeviceAugment
+from perflab.seeds import sample_seed
 
 
 class _KorniaAugment(nn.Module):
@@ -43,7 +44,7 @@ class _KorniaAugment(nn.Module):
     def forward(self, images: torch.Tensor, step: int) -> torch.Tensor:
         devices = [images.device] if images.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            seed = _sample_seed(self.seed, -1, step)
+            seed = sample_seed(self.seed, -1, step)
             if devices:
                 torch.cuda.manual_seed(seed)
             torch.default_generator.manual_seed(seed)

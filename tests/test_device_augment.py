@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from perflab import workload
+from perflab import device_augment
 from perflab.dataset import normalize
-from perflab.workload import (
+from perflab.device_augment import (
     CROP_RATIO,
     CROP_SCALE,
     FLIP_P,
@@ -118,7 +118,7 @@ def test_jitter_factors_act_as_brightness_contrast_and_saturation() -> None:
     plain = normalize(images)
     assert torch.allclose(out[0], plain[0], atol=1e-6), "factors of 1 leave an image as it was"
     assert torch.allclose(out[1], normalize(images[1] * 0.8), atol=1e-5)
-    luma = torch.tensor(workload.LUMA).view(3, 1, 1)
+    luma = torch.tensor(device_augment.LUMA).view(3, 1, 1)
     grey = (images[2] * luma).sum(0).mean()
     assert torch.allclose(out[2], normalize(grey + 0.8 * (images[2] - grey)), atol=1e-5)
     pixel_grey = (images[3] * luma).sum(0, keepdim=True)
