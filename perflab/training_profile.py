@@ -9,6 +9,7 @@ results-file sections from them. `ProfilePlan` says how many steps each part tak
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import time
@@ -200,12 +201,11 @@ def _peak_of_training(config: TrainConfig, steps: int) -> memory.PeakMemory:
         work.close()
 
 
-def _time_steps(config: TrainConfig, plan: ProfilePlan,
-                device: torch.device) -> tuple[timing.Measurement, int, int, tuple[float, float]]:
-    """Seconds per consecutive training step (unsynchronised inside the step, synchronised at its end),
-    the class count, the loader's batches per epoch, and the timed window: `time.perf_counter()` at the
-    first timed step's start and after the last one's end (GPU utilisation is read over it)."""
-    work = workload.build(config)
+def _time_steps(work: workload.Workload, plan: ProfilePlan,
+                device: torch.device) -> tuple[timing.Measurement, tuple[float, float]]:
+    """Seconds per consecutive training step (unsynchronised inside the step, synchronised at its end) and
+    the timed window: `time.perf_counter()` at the first timed step's start and after the last one's end
+    (GPU utilisation is read over it)."""
     calls = itertools.count()
     start: list[float] = []
 
@@ -214,38 +214,21 @@ def _time_steps(config: TrainConfig, plan: ProfilePlan,
             start.append(time.perf_counter())
         workload.train_step(work)
 
-    try:
-        measured = timing.benchmark(step, warmup=plan.warmup, repeats=plan.steps, device=device,
-                                    label="train step")
-        env.synchronize(device)
-        return measured, work.num_classes, len(work.loader), (start[0], time.perf_counter())
-    finally:
-        work.close()
+    measured = timing.benchmark(step, warmup=plan.warmup, repeats=plan.steps, device=device, label="train step")
+    env.synchronize(device)
+    return measured, (start[0], time.perf_counter())
 
 
-def _time_ceiling(config: TrainConfig, plan: ProfilePlan, device: torch.device, num_classes: int) -> Ceiling:
-    """The loop's own `train_step` fed one batch, already on the device and in the model's layout, forever:
-    the model, optimizer, autocast, scaler and compile call are built as `workload.build` builds them."""
-    model = workload.build_model(config, num_classes)
-    train_model: Callable[[torch.Tensor], torch.Tensor] = model
-    if config.compile_mode is not None:
-        train_model = torch.compile(model, mode=config.compile_mode)
-    generator = torch.Generator().manual_seed(config.seed)
-    images = torch.randn(config.batch_size, 3, config.image_size, config.image_size, generator=generator)
-    labels = torch.randint(num_classes, (config.batch_size,), generator=generator)
-    images, labels = images.to(device), labels.to(device)
-    if config.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    batch = (images, labels, torch.arange(config.batch_size))
-    scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
-    work = workload.Workload(config, model, train_model, workload.build_optimizer(config, model),
-                             itertools.repeat(batch), device, None, num_classes, scaler=scaler)  # type: ignore[arg-type]
-    try:
-        measured = timing.benchmark(lambda: workload.train_step(work), warmup=plan.warmup,
-                                    repeats=plan.ceiling_steps, device=device, label="ceiling step")
-    finally:
-        work.close()
-    return Ceiling(measured, config.samples_per_step)
+def _time_ceiling(work: workload.Workload, plan: ProfilePlan, device: torch.device) -> Ceiling:
+    """The run's own `train_step`, its model (compiled once already), optimizer, autocast and scaler, fed
+    its next batch, copied, augmented and in the model's layout once, then again at every step."""
+    images, labels, index = work.next_batch()
+    images, labels = work.on_device(images, labels)
+    fed = dataclasses.replace(work, loader=itertools.repeat((images, labels, index)), augment=None,
+                              _batches=None)
+    measured = timing.benchmark(lambda: workload.train_step(fed), warmup=plan.warmup,
+                                repeats=plan.ceiling_steps, device=device, label="ceiling step")
+    return Ceiling(measured, work.config.samples_per_step)
 
 
 def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
@@ -261,14 +244,18 @@ def profile_training(config: TrainConfig, plan: ProfilePlan | None = None, *,
     device = env.pick_device(config.device)
 
     announce("throughput")
-    with tracing.sample_gpu_utilization(device) as sampled:
-        step_time, num_classes, batches_per_epoch, window = _time_steps(config, plan, device)
-    util = sampled.within(*window)  # not the data set's decoding, the warm-up or the close
-    gc.collect()  # nothing of that run stays allocated while the ceiling and the peak are measured
-
-    announce("ceiling")
-    ceiling = _time_ceiling(config, plan, device, num_classes)
-    gc.collect()
+    work = workload.build(config)
+    try:
+        with tracing.sample_gpu_utilization(device) as sampled:
+            step_time, window = _time_steps(work, plan, device)
+        util = sampled.within(*window)  # not the warm-up, nor the ceiling after it
+        num_classes, batches_per_epoch = work.num_classes, len(work.loader)
+        announce("ceiling")
+        ceiling = _time_ceiling(work, plan, device)
+    finally:
+        work.close()
+    del work
+    gc.collect()  # nothing of that run stays allocated while the peak is measured
 
     announce("peak memory")
     measured_peak = _peak_of_training(config, plan.peak_steps) if peak else None

@@ -125,12 +125,19 @@ def test_the_ceiling_is_the_runs_own_step_on_one_batch_and_the_share_is_throughp
     """Cheap on a CPU: a few steps of the profile's own sizes, with no loader, copy or augmentation."""
     import torch
 
-    from perflab import timing
+    from perflab import timing, workload
     from perflab import training_profile as tp
 
     config = TrainConfig(batch_size=2, image_size=32, channels_last=True, gpu_augment=True, data_on_device=True)
     plan = tp.ProfilePlan.for_steps(4)
-    ceiling = tp._time_ceiling(config, plan, torch.device("cpu"), num_classes=4)
+    work = workload.build(config)
+    try:
+        seen = []
+        work.augment.register_forward_hook(lambda *args: seen.append(1))
+        ceiling = tp._time_ceiling(work, plan, torch.device("cpu"))
+    finally:
+        work.close()
+    assert seen == [1], "the batch is augmented once, before the timed steps, never during them"
     assert ceiling.step_time.n == plan.ceiling_steps == 2 and ceiling.samples_per_step == 2
     assert ceiling.throughput == pytest.approx(2 * 2 / sum(ceiling.step_time.times))
 
