@@ -84,8 +84,9 @@ class DeviceAugment(nn.Module):
         u = torch.rand(n, crop_columns + 5, generator=generator, device=device)
         if self.crop:
             boxes = _crop_boxes(u[:, :crop_columns], height, width)
-        else:
-            boxes = torch.tensor([0, 0, width, height], device=device).expand(n, 4)
+        else:  # the whole image, filled on the device (a tensor made from a list would be a copy that waits)
+            boxes = torch.zeros(n, 4, dtype=torch.long, device=device)
+            boxes[:, 2], boxes[:, 3] = width, height
         flip = u[:, crop_columns] < FLIP_P
         jitter = u[:, crop_columns + 4] < JITTER_P
         drawn = 1 - JITTER + 2 * JITTER * u[:, crop_columns + 1:crop_columns + 4]

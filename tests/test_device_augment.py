@@ -144,3 +144,23 @@ def test_whole_image_kept_when_no_candidate_fits() -> None:
     boxes = DeviceAugment(0, 8).draw(200, 10, 100, step=0).boxes
     assert (boxes[:, 3] == 10).all() and (boxes[:, 2] == round(10 * CROP_RATIO[1])).all()
     assert boxes[:, 0].min() < 20 and boxes[:, 0].max() > 67, "the box is placed anywhere along the image"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("crop", [None, 224])
+def test_on_cuda_a_batch_is_augmented_without_waiting_for_the_device(crop: int | None) -> None:
+    """Every parameter is drawn on the GPU and nothing is read back: the CPU queues the work and moves on."""
+    images = torch.rand(128, 3, 256, 256, device="cuda")
+    augment = DeviceAugment(0, crop).to("cuda")
+    augment(images, step=0)  # the first call may set up generators and kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = augment(images, step=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = crop or 256
+    assert out.shape == (128, 3, side, side) and out.device.type == "cuda" and out.dtype == torch.float32
+    drawn = augment.draw(N, SIDE, SIDE, step=7, device="cuda")
+    assert float(drawn.flip.double().mean()) == pytest.approx(FLIP_P, abs=0.03)
+    assert float(drawn.jitter.double().mean()) == pytest.approx(JITTER_P, abs=0.03)
