@@ -17,7 +17,9 @@ From the real lab notebooks in solutions/ it makes a handful of synthetic studen
     broken      a notebook cut off half-way: not valid JSON
 
 then drives the instructor's workflow through `perflab.grading` (setup, collect, grade with the
-local back-end in grade mode, feedback, export), renders each student's optimization report from
+local back-end in grade mode, feedback, export; on a machine whose class has no committed bar for a
+graded lab, it calibrates that bar first, `perflab.grading.self_calibration`, so that the lazy student
+loses every gain cell this machine gives), renders each student's optimization report from
 the results files their graded notebook wrote and the class report, and prints where each artefact
 is and a table of scores. Everything lands in `demo/` (or `--out`), which a re-run replaces.
 """
@@ -247,6 +249,8 @@ class Demo:
     seconds: float
     warnings: tuple[str, ...] = field(default=())
     autograded_max: dict[str, float] = field(default_factory=dict)  # lab -> points of its autograded cells
+    calibration_seconds: float = 0.0  # calibrating the bars this machine had none for, before grading
+    calibration: str = ""  # what was calibrated, in words ("" where every bar was there)
 
     def table(self) -> str:
         """Student x lab autograded scores out of each lab's autograded points (written answers wait
@@ -271,7 +275,7 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     from perflab import dataset
     from perflab import report as report_mod
     from perflab.env import MODES, mode_sizes
-    from perflab.grading import collect, export, pipeline, sandbox
+    from perflab.grading import collect, export, pipeline, sandbox, self_calibration
     from perflab.grading.state import State
 
     if mode not in MODES:
@@ -327,6 +331,9 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
         say("    no Linux namespaces here: the demo class (the kit's own notebooks) is graded unisolated")
     settings = pipeline.Settings(limits=sandbox.Limits(wall_s=wall), cell_timeout=cell_timeout,
                                  env={"PERFLAB_MODE": mode}, unisolated=unisolated)
+    # A machine with no bar for what the labs grade measures it first (kept with the course): without
+    # one, the lazy student would pass every gain cell. One line says why and about how long, one what it cost.
+    calibration = self_calibration.before_grading(course, labs, settings, say=lambda text: say(f"    {text}"))
     pipeline.grade(course, settings, solutions=solutions, progress=graded)
     stage("feedback pages")
     pages = pipeline.feedback(course).pages
@@ -361,7 +368,8 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
         notes.setdefault(record.student, {})[record.lab] = tuple(record.notes)
     return Demo(out, course, tuple(labs), students, csv_path, json_path, tuple(pages), reports, class_report,
                 scores, notes, time.monotonic() - started, tuple(warnings),
-                {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs})
+                {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs},
+                calibration.seconds, calibration.line())
 
 
 def autograded_points(source: Path) -> float:
@@ -383,7 +391,9 @@ def summary(demo: Demo) -> str:
         path = Path(path)
         return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
-    lines = [f"demo finished in {demo.seconds / 60:.1f} min", "", "artefacts:",
+    lines = [f"demo finished in {demo.seconds / 60:.1f} min"
+             + (f", {demo.calibration_seconds:.0f} s of it calibrating this machine's missing bars" if demo.calibration else ""),
+             *([f"  {demo.calibration}"] if demo.calibration else []), "", "artefacts:",
              f"  course folder      {rel(demo.course)}",
              f"  submissions        {rel(demo.root / 'class')}/",
              f"  grade table        {rel(demo.grades_csv)}  and  {rel(demo.grades_json)}",
@@ -421,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(summary(demo))
     (demo.root / "summary.json").write_text(json.dumps(
-        {"seconds": demo.seconds, "labs": demo.labs,
+        {"seconds": demo.seconds, "calibration_seconds": demo.calibration_seconds, "labs": demo.labs,
          "scores": {s: {lab: list(v) for lab, v in labs.items()} for s, labs in demo.scores.items()},
          "reports": {s: str(p) for s, p in demo.reports.items()}, "class_report": str(demo.class_report)},
         indent=1), encoding="utf-8")

@@ -4,6 +4,7 @@
     perflab grade release                   student copies + a bundle zip without solutions
     perflab grade collect DOWNLOAD.zip      submissions from a folder or an LMS zip
     perflab grade grade [--lab L] [--student S] [--backend local|ray] [--jobs N] [--unisolated]
+                        [--no-calibration | --require-calibration]
     perflab grade feedback                  HTML feedback (hidden tests never shown)
     perflab grade export                    grades.csv and grades.json
     perflab grade status                    graded, failed, inconclusive, flagged, pending
@@ -69,9 +70,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--file-mb", type=float, default=256.0, help="largest file a submission may write")
     v.add_argument("--solutions", type=Path, default=None, help="solutions folder to hide (default: solutions/)")
     v.add_argument("--force", action="store_true", help="grade again even what was graded")
+    v.add_argument("--no-calibration", action="store_true",
+                   help="do not calibrate, before grading, the bars of this machine that the graded labs read and "
+                        "no folder has (by default they are measured first and kept in <course>/calibration/): "
+                        "such a cell takes the conservative rule (no gain required), said once and recorded in "
+                        "the grades")
     v.add_argument("--require-calibration", action="store_true",
                    help="refuse to grade a lab whose re-measured cell has no bar calibrated on this machine "
-                        "(by default such a cell takes the conservative rule, and a warning says so)")
+                        "(after calibrating what is missing, unless --no-calibration)")
 
     v = verb("feedback", "write HTML feedback for graded submissions")
     v.add_argument("--lab", action="append")
@@ -114,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
             processes=args.processes or None, file_bytes=int(args.file_mb * MiB) if args.file_mb > 0 else None,
             disk_bytes=int(args.disk_mb * MiB) if args.disk_mb > 0 else None)
         settings = pipeline.Settings(limits=limits, cell_timeout=args.cell_timeout, jobs=args.jobs, gpus=args.gpus,
-                                     unisolated=args.unisolated, require_calibration=args.require_calibration)
+                                     unisolated=args.unisolated, require_calibration=args.require_calibration,
+                                     self_calibrate=not args.no_calibration)
         try:
             pipeline.check_isolation(settings)
         except pipeline.Unisolated as exc:

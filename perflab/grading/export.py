@@ -20,10 +20,14 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
     isolation       the sandbox the submission ran in: root | userns (Linux namespaces), none (graded
                     with --unisolated: no namespaces), empty when no student code ran; the same on
                     every row of a submission
+    uncalibrated    the lab's expectations entries (space-separated) its re-measured cells were held
+                    to the conservative rule for, no bar being calibrated on the grading machine
+                    (graded with --no-calibration); empty where every bar was calibrated; the same on
+                    every row of a submission
 
 JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
 "submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
-"inconclusive", "isolation"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+"inconclusive", "isolation", "uncalibrated"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from perflab.grading import collect
 from perflab.grading.state import Record, State
 
 COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "speedup", "hardware_class",
-           "flagged", "error", "isolation")
+           "flagged", "error", "isolation", "uncalibrated")
 
 
 def manual_scores(course: Path) -> dict[tuple[str, str, str], float]:
@@ -68,7 +72,8 @@ def rows(records: Iterable[Record], manual: dict[tuple[str, str, str], float] | 
             out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id, "score": score,
                         "max_score": cell.max_score, "verdict": cell.verdict, "speedup": cell.speedup,
                         "hardware_class": cell.hardware_class, "flagged": int(rec.flagged),
-                        "error": cell.error, "isolation": rec.isolation})
+                        "error": cell.error, "isolation": rec.isolation,
+                        "uncalibrated": " ".join(rec.uncalibrated)})
     return out
 
 
@@ -94,7 +99,7 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
         submissions.append({"student": rec.student, "lab": rec.lab, "score": score, "max_score": rec.max_score,
                             "outcome": rec.outcome, "flagged": rec.flagged, "flags": list(rec.flags),
                             "notes": list(rec.notes), "inconclusive": rec.inconclusive,
-                            "isolation": rec.isolation})
+                            "isolation": rec.isolation, "uncalibrated": list(rec.uncalibrated)})
         entry = students_out.setdefault(rec.student, {"score": 0.0, "max_score": 0.0, "labs": {}})
         entry["score"] += score
         entry["max_score"] += rec.max_score
@@ -107,11 +112,12 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
 
 def status(course: Path) -> dict[str, list[str]]:
     """Submissions by state: pending (collected, not graded in this version), graded, failed,
-    inconclusive, flagged, unisolated (graded with --unisolated; the last three overlap graded)."""
+    inconclusive, flagged, unisolated (graded with --unisolated), uncalibrated (a re-measured cell held to the
+    conservative rule, no bar being calibrated here: --no-calibration); the last four overlap graded."""
     course = Path(course).resolve()
     state = State.load(course)
     out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": [],
-                                 "unisolated": []}
+                                 "unisolated": [], "uncalibrated": []}
     for job in collect.submissions(course):
         if not state.done(job.lab, job.student, job.sha256):
             out["pending"].append(f"{job.lab}/{job.student}")
@@ -123,4 +129,6 @@ def status(course: Path) -> dict[str, list[str]]:
             out["flagged"].append(rec.key)
         if rec.isolation == "none":
             out["unisolated"].append(rec.key)
+        if rec.uncalibrated:
+            out["uncalibrated"].append(rec.key)
     return out

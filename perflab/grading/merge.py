@@ -16,6 +16,7 @@ import logging
 import re
 import shutil
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,9 @@ def notes_for(result: SubmissionResult, info: LabInfo) -> list[str]:
 
 
 def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state: State, *,
-          backend: str, hardware_class: str | None) -> Record:
-    """Write one result into the gradebook, autograded/ and the state file (idempotent)."""
+          backend: str, hardware_class: str | None, uncalibrated: Sequence[str] = ()) -> Record:
+    """Write one result into the gradebook, autograded/ and the state file (idempotent). `uncalibrated`:
+    the lab's expectations entries this run held to the conservative rule (no bar calibrated here)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     course = Path(course).resolve()
@@ -91,7 +93,7 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
         wall_s=float(result.wall_s),
         graded_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         merges=(previous.merges + 1) if previous and previous.sha256 == job.sha256 else 1,
-        isolation=result.isolation)
+        isolation=result.isolation, uncalibrated=tuple(uncalibrated))
 
     with nbapi._tools_on_path(), warnings.catch_warnings(), \
             Gradebook(f"sqlite:///{course / 'gradebook.db'}", nbapi.COURSE_ID) as gb:

@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.grading import judging
+from perflab.grading import judging, self_calibration
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.collect import lab_names, plan, submissions
 from perflab.grading.feedback_pages import NOT_RENDERED, FeedbackRun, write_pages
@@ -81,6 +81,7 @@ from perflab.grading.workfolders import (
     sandbox_base,
     work_folder,
 )
+from perflab.verify.expectations import reading
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
 __all__ = [
@@ -113,12 +114,15 @@ class Summary:
     removed: tuple[str, ...] = ()  # work folders a stopped grading run had left, removed before this one
     isolation: str = ""  # the sandbox kind this run graded with
     uncalibrated: tuple[str, ...] = ()  # re-measured cells graded without a bar calibrated here (`bars`)
+    calibration: str = ""  # what calibrating this machine's missing bars first cost (`self_calibration`)
 
     def line(self) -> str:
         out = (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
                f"{len(self.skipped)} already graded")
         if self.isolation == "none" and self.graded + self.failed:
             out += "; UNISOLATED: student code ran without namespaces (recorded in the grades)"
+        if self.calibration:
+            out += f"; {self.calibration}"
         if self.uncalibrated and self.graded:
             out += (f"; {len(self.uncalibrated)} re-measured cell(s) held to the conservative rule, no bar "
                     "being calibrated on this machine (the warnings above say which)")
@@ -216,8 +220,13 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         templates = {lab: template(course, lab) for lab in infos}
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
-        uncalibrated = check_calibration(infos, settings, backend)
         build_data(infos, settings)
+        # Bars no folder has for this machine are calibrated first and kept with the course; the judges
+        # then read them after the committed ones (`self_calibration`, `expectations.reading`).
+        calibration = self_calibration.before_grading(course, infos, settings, backend)
+        settings = dataclasses.replace(settings, expectations=calibration.folders)
+        with reading(settings.expectations):
+            uncalibrated = check_calibration(infos, settings, backend)
         graded, failed = [], []
 
         def on_result(job: Job, result: SubmissionResult) -> None:
@@ -226,14 +235,16 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 return
             info = infos[job.lab]
             try:  # one submission's result never stops the batch
-                record = merge(course, job, info, result, state, backend=backend, hardware_class=hardware)
+                record = merge(course, job, info, result, state, backend=backend, hardware_class=hardware,
+                               uncalibrated=calibration.held.get(job.lab, ()))
             except Exception as exc:
                 log.exception("%s/%s: could not record the result", job.lab, job.student)
                 failure = failure_result(info, f"the grader could not record this result ({type(exc).__name__}); "
                                                "an instructor has been told", wall_s=result.wall_s,
                                          isolation=result.isolation)
                 try:
-                    record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware)
+                    record = merge(course, job, info, failure, state, backend=backend, hardware_class=hardware,
+                                   uncalibrated=calibration.held.get(job.lab, ()))
                 except Exception:  # not even the failure could be recorded: the next run tries again
                     log.exception("%s/%s: could not record the failure either; left pending", job.lab, job.student)
                     failed.append(f"{job.lab}/{job.student}")
@@ -254,7 +265,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         else:
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed),
-                   tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated))
+                   tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated), calibration=calibration.line())
 
 
 class Uncalibrated(RuntimeError):
@@ -275,8 +286,9 @@ def check_calibration(labs: Iterable[str], settings: Settings, backend: str = "l
         if settings.require_calibration:
             raise Uncalibrated("--require-calibration: the Ray back-end grades on the workers' hardware, which "
                                "this machine cannot check; calibrate it there, and grade without the flag")
-        log.warning("the bars of the Ray workers' hardware are not checked before grading: calibrate each "
-                    "worker's hardware class there (each grade records the class it was graded on)")
+        log.warning("the bars of the Ray workers' hardware are not checked before grading, and the head cannot "
+                    "calibrate the workers: calibrate each worker's hardware class there (`perflab calibrate`; "
+                    "each grade records the class it was graded on)")
         return []
     lines = bars.uncalibrated(labs, mode)
     if lines and settings.require_calibration:

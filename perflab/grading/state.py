@@ -63,6 +63,10 @@ class Record:
     graded_at: str = ""
     merges: int = 1  # how many times a result for this very content was merged (always 1)
     isolation: str = ""
+    # The lab's expectations entries its re-measured cells were held to the conservative rule for, no bar
+    # being calibrated on the grading machine (`perflab grade grade --no-calibration`, or a calibration
+    # that measured nothing); empty where every bar was calibrated, or the lab has none.
+    uncalibrated: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -87,7 +91,7 @@ class Record:
     def from_dict(cls, data: dict[str, Any]) -> Record:
         data = dict(data)
         data["cells"] = tuple(CellResult(**c) for c in data.get("cells", ()))
-        for name in ("notes", "flags"):
+        for name in ("notes", "flags", "uncalibrated"):
             data[name] = tuple(data.get(name, ()))
         return cls(**data)
 

@@ -89,8 +89,8 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
 
         # Every re-measurement child of this job on its own cores or GPU: student code through `runners`,
         # perflab's configurations through `placed` (a judge measuring in this process, such as lab 1's
-        # machine measurement, runs where the grader does). The judges read the bars of the committed folder, then the run's own (`settings.expectations`:
-        # the course's calibration, `self_calibration`).
+        # machine measurement, runs where the grader does). The judges read the bars of the committed
+        # folder, then the run's own (`settings.expectations`: the course's calibration, `self_calibration`).
         with _timing_lock(timing_lock), placed(cpus, gpu), env_module.assigned(settings.device), \
                 reading(settings.expectations):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
