@@ -222,3 +222,23 @@ def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, mo
         assert verified["reference"].score == verified["reference"].max_score, verified["reference"]
     else:  # nothing to gain on this machine (another process kept the workers' core): the baseline is right
         assert verified["lazy"].score == verified["lazy"].max_score, verified["lazy"]
+
+
+@pytest.mark.skipif(env.pick_device().type != "cpu", reason="a CPU class's plan: lab 3 and lab 6 share their CPU sizes")
+def test_a_cpu_without_bf16_units_gets_a_bar_for_every_entry_its_labs_grade(tmp_path, monkeypatch):
+    """On a `cpu` class (no bf16 units) lab 3's answer is FP32, so lab 6's final plan, built from the bars
+    before it (loader workers are calibrated only at lab 2's sizes), is the baseline too: both entries
+    were "unmeasured", and lab 6 then graded by the conservative rule. Both are now a parity bar saying
+    that no change is the right answer here, with nothing timed."""
+    import dataclasses
+
+    from perflab.verify import protocol
+
+    plain = dataclasses.replace(env.machine_info(), cpu_bf16=False, hardware_class="cpu")
+    monkeypatch.setattr(env, "machine_info", lambda *a, **k: plain)
+    monkeypatch.setattr(protocol, "verify", lambda *a, **k: pytest.fail("a baseline against itself was timed"))
+    monkeypatch.setenv(expectations.EXPECTATIONS_ENV, str(tmp_path / "none"))
+    path = calibrate.calibrate([lab03.EXPECTATION, lab06.EXPECTATION], repeats=1, out_dir=tmp_path / "course")
+    for name, lab in ((lab03.EXPECTATION, lab03), (lab06.EXPECTATION, lab06)):
+        bar = load_expectation(name, "cpu", directory=path.parent, workload=lab.baseline_config("grade"))
+        assert bar.calibrated and bar.kind == "parity" and "no change is the right answer here" in bar.reason, name
