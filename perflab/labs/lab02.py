@@ -87,8 +87,8 @@ LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_fa
 # run-to-run noise of a loader sweep on a busy laptop is a few percent.
 DEFAULT_TOLERANCE = 0.05
 # Torch threads of the training process in this lab: the count perflab.verify re-measures with. A loader
-# worker decodes on a core the training threads leave free; measured on 2 cores (photo set, 32 px,
-# batch 16), 1 or 2 workers beside 1 training thread gain 1.4-1.5x, beside 2 threads 0.9-1.06x.
+# worker decodes on a core the training threads leave free (what that gave on 2 cores, with one training
+# thread and with two, is in docs/DESIGN.md, "Workloads where the lesson is true").
 TRAIN_THREADS = VERIFY_THREADS
 # What this lab can promise on each device kind (printed by common.hardware_statement).
 HARDWARE_NOTES = {

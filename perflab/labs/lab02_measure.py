@@ -15,8 +15,8 @@ from perflab.workload import TrainConfig
 def loader_pace(baseline: TrainConfig, candidate: TrainConfig, block_size: int) -> dict[str, Any]:
     """`timing.compare`'s `block_size` and `lead_in` that time two loader configurations at the pace
     their loaders sustain (`perflab.verify.pace`, as the grader's re-measurement does): while one runs,
-    the other's workers fill their queue, which a short block would read at no cost. On 2 cores at the
-    tiny sizes, 1-step blocks timed 2 workers 1.11x faster than none where training sustained 0.84x."""
+    the other's workers fill their queue, which a short block would read at no cost (docs/DESIGN.md
+    gives what short blocks timed against the sustained pace)."""
     from perflab.verify import pace
 
     queues = [pace.queued_batches(c.num_workers, c.prefetch_factor) for c in (baseline, candidate)]

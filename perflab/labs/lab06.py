@@ -256,7 +256,7 @@ def amp_dtype_for(device: str) -> str | None:
 def precision_change(info: env.MachineInfo, mode: str | None = None) -> Change | None:
     """Lab 3's reference answer as one change: its autocast dtype with the layout this device wants, held to
     lab 3's own calibrated bar (None where no autocast runs). One change, not two: on a GPU bf16 pays with
-    channels_last (an H200 re-measured bf16 alone 1.06x, with channels_last 1.88x). Where the reference
+    channels_last, not alone (docs/DESIGN.md gives the re-measured figures). Where the reference
     keeps FP32 (a CPU without bf16 hardware) it is the bare autocast, for the plan to say why it is skipped."""
     from perflab.labs import lab03
 
@@ -291,8 +291,8 @@ def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_neede
     A change whose calibration on this hardware class found no gain (parity or a cost) is skipped:
     the calibration already measured it here. Uncalibrated changes are tried where the hardware can
     give something and kept only if the screening measures a gain. Checkpointing is a cost: it is
-    forced when memory demands it, else skipped. torch.compile of ResNet-18 costs about 90 s on a
-    small CPU and gains nothing there, so it is tried on CUDA only, or where calibration says it pays.
+    forced when memory demands it, else skipped. torch.compile of ResNet-18 is tried on CUDA only, or
+    where calibration says it pays (docs/DESIGN.md says what it gave on a small CPU).
     """
     from perflab.verify import load_expectation
 
