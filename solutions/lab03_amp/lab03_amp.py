@@ -69,8 +69,6 @@ if not dataset.is_built(S.data):
 EXPECTATION = load_expectation(lab03.expectation_name(DEVICE.type))
 LOW = lab03.low_precisions(DEVICE.type)  # the low precisions this device runs fast enough to time
 print(common.hardware_statement(lab03.LAB, INFO))
-print()
-print(lab03.hardware_expectations(INFO, EXPECTATION))
 
 # %% [markdown]
 # ## 1. Four formats, and what "FP32" means on this machine
@@ -396,8 +394,9 @@ print("prediction written: PREDICT_AMP =", PREDICT_AMP)
 # Now the whole training step. Each setting in `CANDIDATES` is timed against the FP32 baseline in
 # interleaved one-step blocks (A B B A ...), each right after an untimed step of its own side (a step
 # that follows the other side's finds the caches full of that one's weights), then the ratio of their
-# 20th-percentile times and a bootstrap 95% confidence interval. The dashed line is the bar the
-# grader will hold your `AMP_CONFIG` to on this machine.
+# 20th-percentile times and a bootstrap 95% confidence interval. Beside your figures the cell then
+# prints what mixed precision can give on each kind of hardware (this machine's kind marked) and the
+# bar the grader will hold your `AMP_CONFIG` to on this machine, the dashed line of the plot.
 
 # %%
 CANDIDATES = lab03.candidate_configs()
@@ -409,6 +408,8 @@ for name, comparison in COMPARISONS.items():
 FASTEST = max(COMPARISONS, key=lambda name: COMPARISONS[name].speedup)
 print(predict.beside(f"step speedup over FP32 of the fastest setting ({FASTEST})", globals().get("PREDICT_AMP"),
                      COMPARISONS[FASTEST].speedup))
+print()
+print(lab03.hardware_expectations(INFO, EXPECTATION))
 lab03_figures.plot_speedups(COMPARISONS, bar=EXPECTATION.threshold,
                             title=f"speedup over FP32, {INFO.device_name} ({S.mode} mode)")
 plt.show()
@@ -461,9 +462,9 @@ assert lab03.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 #
 # **Question 1 (5 points).** What did mixed precision give on this machine? Quote your speedups with
 # their confidence intervals (precision alone, channels_last alone, both) and the grader's verdict, and
-# explain them from the hardware in front of you (the statement at the top, the matmul timings). What
-# would you expect on a tensor-core GPU, and why would TF32 make the gain there smaller than the
-# tensor-core rates suggest?
+# explain them from the hardware in front of you (the statement at the top, the matmul timings, the
+# table printed beside your comparison). What would you expect on a tensor-core GPU, and why would TF32
+# make the gain there smaller than the tensor-core rates suggest?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_speed", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
 # Rubric (5 points; the student's own numbers decide, not any quoted here). A good answer:
