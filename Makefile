@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle profile help setup data test test-fast lint demo bench bench-augment bench-verify bench-mystery bench-grade gpu-check labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-augment bench-verify bench-mystery bench-decisions bench-grade gpu-check labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ bench-mystery: setup  ## what lab 1's planted bugs cost, and each id's fix re-me
 
 gpu-check: setup  ## the kit on a GPU in one call (9 min): env, CUDA tests, calibration, lazy/reference judges, then profiles: make gpu-check [ARGS="--device cpu --mode tiny"]
 	$(PYTHON) bench/gpu_check.py $(ARGS)
+
+bench-decisions: setup  ## what the decision tests simulate, measured here: a loader worker on one core and compiling at 32 px, re-measured by the judges (about 2 min): make bench-decisions [ARGS="--cases workers --repeats 3"]
+	$(PYTHON) bench/bench_decisions.py $(ARGS)
 
 bench-grade: setup  ## grading throughput: serial, local pool, Ray
 	$(PYTHON) bench/bench_grade.py
