@@ -25,8 +25,9 @@ cannot rot between GPU runs.
 
 JSON (`"schema": "perflab.gpu_check", "version": 1`): machine (MachineInfo), mode, budget_seconds,
 seconds; steps {name: {"ok", "seconds", "error"?, "skipped"?}}; data {size: {"seconds", "built"}};
-profiles {"fp32"|"fed_fp32"|"optimized": {"config", "samples_per_s" (over wall time), "median_step_samples_per_s",
-"median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization"}}; sustained_speedup
+profiles {"fp32"|"fed_fp32"|"optimized"|"final": {"config", "samples_per_s" (over wall time),
+"median_step_samples_per_s", "median_step_s", "mean_step_s", "steps", "stall", "phases", "mfu", "gpu_utilization",
+"ceiling_samples_per_s" (the same step on one batch on the device), "ceiling_share"}} ("final": lab 6's reference plan); sustained_speedup
 (optimized over fed_fp32, samples over wall time: the labs' lessons as training sees them); loader {"workers",
 "images_per_s", "decode_only_images_per_s"}; calibration
 {"path", "hardware_class", "entries": {name: {"kind", "reference", "reference_low", "threshold"}},
@@ -195,8 +196,14 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
     # fp32 on the optimized run's loader: what labs 3-6 start from on this device, and the sustained
     # speedup of their lessons (optimized over fed_fp32) as training sees it, stalls included.
     fed = base.replace(**{f: getattr(optimized, f) for f in LOADER_FIELDS})
+    # Lab 6's reference plan at the full-mode sizes (compile included where its bar says it pays here): its
+    # ceiling is the compiled step's, what the course's last lab should reach.
+    from perflab.labs import lab06
+
+    final = lab06.reference_final("tiny" if check.mode == "tiny" else "full").replace(device=check.device, threads=None)
     check.doc["profiles"] = {}
-    for name, config, n in (("fp32", base, steps[0]), ("fed_fp32", fed, steps[1]), ("optimized", optimized, steps[1])):
+    for name, config, n in (("fp32", base, steps[0]), ("fed_fp32", fed, steps[1]), ("optimized", optimized, steps[1]),
+                            ("final", final, steps[1])):
         result = profile_training(config, ProfilePlan.for_steps(n), peak=False)
         rate = result.rate
         peak = result.peaks.peak_flops(result.roofline_dtype)
@@ -206,7 +213,10 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
             "mean_step_s": rate.wall_seconds / rate.steps, "stall": rate.stall_line(),
             "batches_per_epoch": result.batches_per_epoch, "phases": dict(result.phases.seconds),
             "mfu": result.achieved_flops_per_s / peak if peak else None,
-            "gpu_utilization": result.gpu_utilization.mean, "bottleneck": result.diagnosis.to_dict()}
+            "gpu_utilization": result.gpu_utilization.mean, "bottleneck": result.diagnosis.to_dict(),
+            # The same step on one batch already on the device (no data path), and the run's share of it.
+            "ceiling_samples_per_s": result.ceiling.throughput if result.ceiling is not None else None,
+            "ceiling_share": result.ceiling_share}
         print("\n".join(f"  {name}: {line}" for line in rate.describe()), flush=True)
         check.save()
     profiles = check.doc["profiles"]
@@ -421,6 +431,8 @@ def table(doc: dict[str, Any]) -> str:
     for name, p in doc.get("profiles", {}).items():
         lines.append(f"profile {name:9s} {p['samples_per_s']:10,.1f} samples/s over wall time, "
                      f"{p['median_step_samples_per_s']:10,.1f} at the median step ({p['steps']} steps)"
+                     + (f", {p['ceiling_share']:.0%} of its ceiling ({p['ceiling_samples_per_s']:,.0f}/s)"
+                        if p.get("ceiling_share") else "")
                      + (f"; {p['stall']}" if p.get("stall") else ""))
     if doc.get("loader"):
         ld = doc["loader"]

@@ -12,6 +12,7 @@ downloaded.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -161,9 +162,16 @@ def build(size: str, root: str | os.PathLike[str] | None = None, seed: int = 0,
         except (FileNotFoundError, DatasetError) as exc:
             log.warning("%s; rebuilding", exc)
     _check_replaceable(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = root.parent / f".{root.name}.building-{uuid.uuid4().hex}"
-    staging.mkdir()
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = root.parent / f".{root.name}.building-{uuid.uuid4().hex}"
+        staging.mkdir()
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        raise DatasetError(f"{root}: the {size} set is not built and its folder cannot be written here ({exc.strerror}): "
+                           f"build it where it can be, before this run (`perflab dataset build --size {size}`; "
+                           "a grader builds each set its jobs need before grading)") from None
     start = time.perf_counter()
     try:
         files = _generate(rec, seed, staging, _show_progress(progress), workers)

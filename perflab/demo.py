@@ -270,12 +270,13 @@ class Demo:
 
 def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = "grade",
         solutions: Path = SOLUTIONS_DIR, students: Sequence[str] | None = None, cell_timeout: int = 600,
-        wall: float = 1500.0, say: Callable[[str], None] = log.info) -> Demo:
-    """Make the demo class and grade it; returns where everything is (see the module docstring)."""
+        wall: float = 1500.0, gpus: int | None = None, say: Callable[[str], None] = log.info) -> Demo:
+    """Make the demo class and grade it; returns where everything is (see the module docstring). `gpus`:
+    as `perflab grade grade --gpus` (default: every GPU here, one per job; 0 grades on the CPU)."""
     from perflab import dataset
     from perflab import report as report_mod
     from perflab.env import MODES, mode_sizes
-    from perflab.grading import collect, export, pipeline, sandbox, self_calibration
+    from perflab.grading import collect, devices, export, pipeline, sandbox, self_calibration
     from perflab.grading.state import State
 
     if mode not in MODES:
@@ -300,7 +301,10 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     def stage(text: str) -> None:
         say(f"[{next(step)}/{steps} {time.monotonic() - started:6.0f} s] {text}")
 
-    sizes = sorted({mode_sizes(mode).data, *(mode_sizes(mode, lab=lab).data for lab in labs)})
+    device = devices.decide(gpus)  # the one device every job grades for, and the data sets it needs
+    say(f"    {device.line()}")
+    sizes = sorted({mode_sizes(mode, device=device.kind).data,
+                    *(mode_sizes(mode, lab=lab, device=device.kind).data for lab in labs)})
     stage(f"data set(s) {', '.join(sizes)} (built once, verified against the manifest)")
     for size in sizes:
         if not dataset.is_built(size):
@@ -330,11 +334,14 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     if unisolated:
         say("    no Linux namespaces here: the demo class (the kit's own notebooks) is graded unisolated")
     settings = pipeline.Settings(limits=sandbox.Limits(wall_s=wall), cell_timeout=cell_timeout,
-                                 env={"PERFLAB_MODE": mode}, unisolated=unisolated)
+                                 env={"PERFLAB_MODE": mode}, unisolated=unisolated, gpus=device.gpus,
+                                 device=device.kind)
     # A machine with no bar for what the labs grade measures it first (kept with the course): without
     # one, the lazy student would pass every gain cell. One line says why and about how long, one what it cost.
     calibration = self_calibration.before_grading(course, labs, settings, say=lambda text: say(f"    {text}"))
-    pipeline.grade(course, settings, solutions=solutions, progress=graded)
+    graded_run = pipeline.grade(course, settings, solutions=solutions, progress=graded)
+    for fault in graded_run.machine_faults:
+        say(f"    NOT GRADED (the grading machine's fault) {fault}")
     stage("feedback pages")
     pages = pipeline.feedback(course).pages
     stage("export grades.csv and grades.json")
@@ -420,12 +427,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--students", nargs="+", help=f"only these synthetic students (of: {', '.join(STUDENTS)})")
     p.add_argument("--out", type=Path, default=DEMO_DIR, help="folder for everything (replaced; default: demo/)")
     p.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs grading uses, one per job (default: every GPU here; 0 grades on the CPU)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's notes on image alt text
     try:
         demo = run(args.labs, out=args.out, mode=args.mode, students=args.students, cell_timeout=args.cell_timeout,
-                   say=lambda text: print(text, flush=True))
+                   gpus=args.gpus, say=lambda text: print(text, flush=True))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -39,9 +39,13 @@ def test_every_step_runs_and_says_so(cpu_check):
 
 
 def test_profiles_state_wall_throughput_beside_the_median_step(cpu_check):
-    for name in ("fp32", "fed_fp32", "optimized"):
+    for name in ("fp32", "fed_fp32", "optimized", "final"):
         p = cpu_check["profiles"][name]
         assert p["samples_per_s"] > 0 and p["median_step_samples_per_s"] > 0 and p["steps"] == 3
+        # The same step with no data path, and the run's share of it (lab 6's final against its own,
+        # compiled where its plan compiles).
+        assert p["ceiling_samples_per_s"] > 0
+        assert p["ceiling_share"] == pytest.approx(p["samples_per_s"] / p["ceiling_samples_per_s"], rel=0.05)
         batch = p["config"]["batch_size"]
         assert p["samples_per_s"] == pytest.approx(batch / p["mean_step_s"])
     assert cpu_check["profiles"]["optimized"]["config"]["channels_last"]

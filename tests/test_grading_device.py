@@ -313,3 +313,36 @@ def test_a_raw_device_batch_cannot_reach_the_model(tiny_data):
         work.model(images)
     ready, labels = work.on_device(images, labels)
     assert work.model(ready).shape == (4, work.num_classes)
+
+
+def test_an_unbuilt_set_in_a_read_only_folder_is_one_line_not_oserror_30(tmp_path, monkeypatch):
+    import errno
+
+    from perflab import dataset
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(dataset.DatasetError, match="tiny set is not built and its folder cannot be written here "
+                                                   r"\(Read-only file system\).*perflab dataset build --size tiny"):
+        dataset.build("tiny", root=tmp_path / "sets" / "tiny")
+
+
+def test_lab6_is_graded_after_the_labs_it_starts_from_and_reads_what_they_merged(tmp_path):
+    from perflab import results
+    from perflab.grading.result import Job
+
+    course = tmp_path / "course"
+    todo = [Job("ann", "lab06_together", course / "a.ipynb", "1"), Job("ann", "lab03_amp", course / "b.ipynb", "2")]
+    waves = []
+
+    def run(wave):
+        waves.append(wave)
+        for job in wave:  # what the merge of a graded submission leaves: its results file
+            if job.lab == "lab03_amp":
+                results.save(course / "autograded" / job.student / job.lab / "results" / f"{job.lab}.json", job.lab, {})
+
+    pipeline.in_waves(course, todo, run)
+    assert [[j.lab for j in wave] for wave in waves] == [["lab03_amp"], ["lab06_together"]]
+    assert [lab for lab, _ in waves[1][0].earlier] == ["lab03_amp"]

@@ -52,12 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--jobs", type=int, default=None,
                    help="submissions at once (local; default: 1 below 4 cores, else one per 2 cores)")
     v.add_argument("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or auto)")
-    v.add_argument("--gpus", type=int, default=0, help="GPUs grading uses: one per job or Ray task")
+    v.add_argument("--gpus", type=int, default=None,
+                   help="GPUs grading uses, one per job or Ray task (default: every GPU this machine shows, "
+                        "CUDA_VISIBLE_DEVICES respected; 0 hides them and grades for the CPU)")
     v.add_argument("--wall", type=float, default=900.0, help="seconds one submission may take in all")
     v.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run")
     v.add_argument("--memory-gb", type=float, default=8.0,
                    help="memory of one submission, all its processes together where cgroups allow, and the "
-                        "address space of each process (0: none)")
+                        "address space of each process on a CPU (not on CUDA, which that limit stops; 0: none)")
     v.add_argument("--disk-mb", type=float, default=2048.0,
                    help="what one submission may write: the size of its private work folder and /tmp (0: no limit)")
     v.add_argument("--unisolated", action="store_true",
@@ -143,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
         for path in summary.removed:
             print(f"removed {path}: a work folder left by a grading run that was stopped")
         print(summary.line())
+        for fault in summary.machine_faults:
+            print(f"NOT GRADED {fault}", file=sys.stderr)
+        if summary.machine_faults:  # the machine, not a submission, failed: a script must hear of it
+            return 3
     elif args.verb == "feedback":
         done = pipeline.feedback(course, args.lab, args.student,
                                  on_problem=lambda line: print(f"feedback {line}", flush=True))

@@ -30,8 +30,8 @@ class GradingDevice:
     note: str = ""  # one line for the instructor where the choice is not the obvious one
 
     def line(self) -> str:
-        what = f"{self.gpus} GPU(s), one per job" if self.kind == "cuda" else self.kind
-        return f"grading for {self.kind} ({what})" + (f": {self.note}" if self.note else "")
+        what = f"grading for cuda: {self.gpus} GPU(s), one per job" if self.kind == "cuda" else f"grading for {self.kind}"
+        return what + (f" ({self.note})" if self.note else "")
 
 
 def visible_gpus() -> int:

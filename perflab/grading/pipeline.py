@@ -70,7 +70,6 @@ from perflab.grading.run import (
     grader_only_paths,
     sandboxed_child,
     sandboxed_program,
-    visible_gpu,
 )
 from perflab.grading.score import manual_answers, score
 from perflab.grading.state import Record, State, lock
@@ -81,6 +80,7 @@ from perflab.grading.workfolders import (
     sandbox_base,
     work_folder,
 )
+from perflab.labs import lab06, lab06_report
 from perflab.verify.expectations import reading
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
@@ -114,11 +114,20 @@ class Summary:
     removed: tuple[str, ...] = ()  # work folders a stopped grading run had left, removed before this one
     isolation: str = ""  # the sandbox kind this run graded with
     uncalibrated: tuple[str, ...] = ()  # re-measured cells graded without a bar calibrated here (`bars`)
+    # Submissions the grading machine could not run as graded (its device would not start in the
+    # sandbox): "lab/student: why", recorded as no score, graded again by the next run.
+    machine_faults: tuple[str, ...] = ()
+    device: str = ""  # the device kind the run graded for
     calibration: str = ""  # what calibrating this machine's missing bars first cost (`self_calibration`)
 
     def line(self) -> str:
         out = (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
                f"{len(self.skipped)} already graded")
+        if self.device:
+            out += f", for {self.device}"
+        if self.machine_faults:
+            out += (f"; {len(self.machine_faults)} NOT GRADED through the grading machine's fault, no score "
+                    f"recorded: {self.machine_faults[0].split(': ', 1)[1]}")
         if self.isolation == "none" and self.graded + self.failed:
             out += "; UNISOLATED: student code ran without namespaces (recorded in the grades)"
         if self.calibration:
@@ -198,7 +207,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
           backend: str = "local", ray_address: str | None = None, force: bool = False,
           solutions: Path | None = None, progress: Callable[[Record], None] | None = None) -> Summary:
     """Grade every collected submission not graded yet (all of `labs`/`students` with `force`)."""
-    settings = with_instructor_policy(settings or Settings())
+    settings = with_grading_device(with_instructor_policy(settings or Settings()), backend)
     iso = check_isolation(settings)
     course = Path(course).resolve()
     if not (course / "gradebook.db").is_file():
@@ -209,8 +218,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             *settings.hide]
     from perflab import env as _env
 
-    hardware = _env.machine_info().hardware_class
-    with lock(course):
+    with lock(course), _env.assigned(settings.device):  # the grader's own judges grade for the run's device too
+        hardware = _env.machine_info().hardware_class
         removed = remove_abandoned()
         for path in removed:
             log.warning("removed %s, left behind by a grading run that was stopped", path)
@@ -227,9 +236,14 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         settings = dataclasses.replace(settings, expectations=calibration.folders)
         with reading(settings.expectations):
             uncalibrated = check_calibration(infos, settings, backend)
-        graded, failed = [], []
+        graded, failed, machine = [], [], []
 
         def on_result(job: Job, result: SubmissionResult) -> None:
+            if result.machine_fault:  # the machine's fault, not the student's: no score, graded again next run
+                log.error("%s/%s: %s", job.lab, job.student, result.error)
+                machine.append(f"{job.lab}/{job.student}: {result.error}")
+                failed.append(f"{job.lab}/{job.student}")
+                return
             if state.done(job.lab, job.student, job.sha256) and not force:
                 log.info("%s/%s: a second result for the same content; ignored", job.lab, job.student)
                 return
@@ -253,19 +267,53 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             if progress:
                 progress(record)
 
-        if backend == "local":
-            from perflab.verify.protocol import shared_measurements
-
-            with shared_measurements():  # students who decided the same configuration share its re-measurement
-                _run_local(todo, infos, templates, settings, hide, on_result)
-        elif backend == "ray":
-            from perflab.grading import ray_backend
-
-            ray_backend.run(todo, infos, templates, settings, hide, on_result, address=ray_address)
-        else:
+        if backend not in ("local", "ray"):
             raise ValueError(f"backend: must be local or ray, got {backend!r}")
+
+        def run(wave: list[Job]) -> None:
+            if backend == "local":
+                from perflab.verify.protocol import shared_measurements
+
+                with shared_measurements():  # students who decided the same configuration share its re-measurement
+                    _run_local(wave, infos, templates, settings, hide, on_result)
+            else:
+                from perflab.grading import ray_backend
+
+                ray_backend.run(wave, infos, templates, settings, hide, on_result, address=ray_address)
+
+        in_waves(course, todo, run)
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed),
-                   tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated), calibration=calibration.line())
+                   tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated), tuple(machine),
+                   settings.device or "", calibration=calibration.line())
+
+
+# The labs that start from a student's earlier labs, and which: lab 6 takes over the decisions of labs 2, 3
+# and 5 from their results files (`lab06_report.earlier_decisions`).
+STARTS_FROM: dict[str, tuple[str, ...]] = {lab06.LAB: lab06_report.DECISION_LABS}
+# A graded results file larger than this is not handed on (an honest lab's is a few tens of kB).
+EARLIER_RESULTS_CAP_BYTES = 4 * 1024 * 1024
+
+
+def in_waves(course: Path, todo: list[Job], run: Callable[[list[Job]], None]) -> None:
+    """Grade `todo` with `run` in two waves: first every lab that starts from no other, then those that do
+    (`STARTS_FROM`: lab 6), each job of the second carrying the student's results the first has merged."""
+    first = [j for j in todo if j.lab not in STARTS_FROM]
+    later = [j for j in todo if j.lab in STARTS_FROM]
+    if first:
+        run(first)
+    if later:
+        run([with_earlier(course, j) for j in later])  # read now, once the first wave is merged
+
+
+def with_earlier(course: Path, job: Job) -> Job:
+    """`job` carrying the student's graded results of the labs its lab starts from (`STARTS_FROM`), those
+    that are graded: without them lab 6 graded alone re-entered another plan than the student's."""
+    earlier = []
+    for lab in STARTS_FROM.get(job.lab, ()):
+        path = Path(course) / "autograded" / job.student / lab / "results" / f"{lab}.json"
+        if path.is_file() and not path.is_symlink() and path.stat().st_size <= EARLIER_RESULTS_CAP_BYTES:
+            earlier.append((lab, path.read_text(encoding="utf-8", errors="replace")))
+    return dataclasses.replace(job, earlier=tuple(earlier))
 
 
 class Uncalibrated(RuntimeError):
@@ -298,14 +346,30 @@ def check_calibration(labs: Iterable[str], settings: Settings, backend: str = "l
     return lines
 
 
+def with_grading_device(settings: Settings, backend: str = "local") -> Settings:
+    """`settings` with the run's one grading device decided (`devices.decide`), unless it names one
+    already; said once in the log."""
+    from perflab.grading import devices
+
+    if settings.device is not None:
+        return settings
+    device = devices.decide(settings.gpus, backend)
+    log.info("%s", device.line())
+    if device.note:
+        log.warning("%s", device.note)
+    return dataclasses.replace(settings, gpus=device.gpus, device=device.kind)
+
+
 def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
-    """The synthetic data sets the graded notebooks of `labs` train on, at the mode they are graded in."""
+    """The synthetic data sets the graded notebooks of `labs` train on, at the mode they are graded in,
+    on the device the jobs are graded for (`settings.device`; default: this machine's)."""
     from perflab import env as _env
     from perflab import mystery
 
     labs = list(labs)
     mode = judging.grading_mode(settings.env)
-    sizes = {_env.mode_sizes(mode).data, *(_env.mode_sizes(mode, lab=lab).data for lab in labs)}
+    kind = settings.device or _env.pick_device().type
+    sizes = {_env.mode_sizes(mode, device=kind).data, *(_env.mode_sizes(mode, lab=lab, device=kind).data for lab in labs)}
     if any(lab.startswith("lab01") for lab in labs):  # lab 1's mystery pipeline trains on a set of its own
         sizes.add(mystery.sizes_for(mode)[0])
     return sorted(sizes)
@@ -332,16 +396,20 @@ def with_instructor_policy(settings: Settings) -> Settings:
 
 
 def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result) -> None:
-    jobs = settings.jobs or default_jobs(gpus=settings.gpus)
-    if settings.gpus and jobs > settings.gpus:  # timed work never shares a GPU
-        log.warning("local pool: %d jobs asked for, %d GPU(s): running %d", jobs, settings.gpus, settings.gpus)
-        jobs = settings.gpus
+    from perflab.grading import devices
+
+    gpus = settings.gpus or 0
+    jobs = settings.jobs or default_jobs(gpus=gpus)
+    if gpus and jobs > gpus:  # timed work never shares a GPU
+        log.warning("local pool: %d jobs asked for, %d GPU(s): running %d", jobs, gpus, gpus)
+        jobs = gpus
     jobs = max(1, min(jobs, len(todo) or 1))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     slots: queue.Queue = queue.Queue()
     for i in range(jobs):
         cpus = tuple(cores[i * CORES_PER_JOB:(i + 1) * CORES_PER_JOB]) if jobs > 1 and len(cores) >= jobs * CORES_PER_JOB else None
-        gpu = visible_gpu(i) if settings.gpus else None  # its CUDA_VISIBLE_DEVICES entry, through the grader's own
+        # Its CUDA_VISIBLE_DEVICES entry, through the grader's own; "" where the run grades for no GPU.
+        gpu = devices.slot_gpu(devices.GradingDevice(settings.device or "cpu", gpus), i)
         slots.put((cpus, gpu))
     timing_lock = node_timing_lock() if jobs > 1 else None
     log.info("local pool: %d job(s)%s", jobs, ", timed sections serialised" if timing_lock else "")

@@ -66,7 +66,8 @@ def grade_task(job: dict[str, Any], submission: bytes, template_zip: bytes, info
     if _HARDWARE_CLASS is None:
         from perflab import env
 
-        _HARDWARE_CLASS = env.machine_info().hardware_class
+        with env.assigned(getattr(settings, "device", None)):  # the class of the device the run grades for
+            _HARDWARE_CLASS = env.machine_info().hardware_class
     with tempfile.TemporaryDirectory(prefix="perflab-ray-") as tmp:
         tmpl = Path(tmp) / "template"
         with zipfile.ZipFile(io.BytesIO(template_zip)) as zf:
@@ -76,7 +77,8 @@ def grade_task(job: dict[str, Any], submission: bytes, template_zip: bytes, info
         path = folder / info["notebook"]
         path.write_bytes(submission)
         lab_info = LabInfo(info["lab"], info["notebook"], tuple(info["cells"]), info["guarded"])
-        one = Job(job["student"], job["lab"], path, job["sha256"])
+        one = Job(job["student"], job["lab"], path, job["sha256"],
+                  tuple((str(lab), str(text)) for lab, text in job.get("earlier", ())))
         lock = node_timing_lock()
         result = grade_one(one, lab_info, tmpl, settings, hide=[Path(p) for p in hide], timing_lock=lock)
     return result.replace(hardware_class=_HARDWARE_CLASS).to_json()
@@ -106,7 +108,8 @@ def run(todo, infos, templates, settings, hide, on_result, *, address: str | Non
                      for lab, i in infos.items()}
         pending = {}
         for job in todo:
-            ref = remote.remote({"student": job.student, "lab": job.lab, "sha256": job.sha256},
+            ref = remote.remote({"student": job.student, "lab": job.lab, "sha256": job.sha256,
+                                 "earlier": [list(pair) for pair in job.earlier]},
                                 job.path.read_bytes(), template_refs[job.lab], info_docs[job.lab],
                                 settings, [str(p) for p in hide])
             pending[ref] = job
