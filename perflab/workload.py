@@ -322,7 +322,22 @@ def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
     model = model.to(env.pick_device(config.device))
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    model.register_forward_pre_hook(_takes_float_images)
     return model
+
+
+class RawBatch(TypeError):
+    """A loader's raw batch (integer pixels) fed to the model without `Workload.on_device`."""
+
+
+def _takes_float_images(module: nn.Module, args: tuple[Any, ...]) -> None:
+    """The one way into the model is `Workload.on_device`: a batch of integer pixels (a set kept on the device,
+    or a loader whose augmentation runs on the device, hands over uint8) stops here with the way in."""
+    images = args[0] if args else None
+    if isinstance(images, torch.Tensor) and not (images.is_floating_point() or images.is_complex()):
+        raise RawBatch(f"the model takes float images; this batch is {images.dtype} pixels as the loader hands them "
+                       "over: pass it through `work.on_device(images, labels)` first (it copies, augments, "
+                       "normalises and sets the memory format)")
 
 
 def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
