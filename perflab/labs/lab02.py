@@ -301,7 +301,8 @@ def best_problems(best: Any, mode: str | None = None) -> list[str]:
 
 
 def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None = None) -> Any:
-    """Re-measure `best` against the baseline in a fresh interpreter with the calibrated bar of this machine.
+    """Re-measure `best` against the baseline in a fresh interpreter with the calibrated bar of this machine,
+    judged as the grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -310,7 +311,7 @@ def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None 
         raise ValueError(problems[0])
     s = sizes(mode)
     return verify_against_bar(baseline_config(mode), best, EXPECTATION, claim=claim,
-                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
 
 
 # The predictions written before a headline measurement, by the key of their graded cell

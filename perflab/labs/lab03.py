@@ -25,7 +25,8 @@ The student writes three things in `solutions/lab03_amp` (the notebook); the tes
         Every hook is removed afterwards, even when the pass raises.
 
     AMP_CONFIG: TrainConfig
-        The fastest precision settings found, as `baseline_config().replace(...)` of AMP_FIELDS only:
+        The fastest of the precision settings the kit's one keep rule keeps (`common.keep_rule`:
+        measurably faster than FP32), else the baseline, as `baseline_config().replace(...)` of AMP_FIELDS only:
         the grader re-measures it against `baseline_config()` in a fresh process with
         `perflab.verify`, correctness gate included, and holds it to the calibrated bar of the machine
         that grades (`expectation_name()`): a real gain on tensor-core GPUs and AMX CPUs, no regression

@@ -38,8 +38,9 @@ The student writes these in `solutions/lab05_compile` (the notebook); the tests 
 
     CHOICE: str | None, CLAIM: float
         What your measurements say to run on the graded workload: the compile mode (one of
-        `COMPILE_MODES`) with a real steady-state gain over eager, or None (do not compile) when
-        no mode showed one; CLAIM is the steady-state speedup you measured for it (1.0 for None).
+        `COMPILE_MODES`) whose steady-state speedup over eager the kit's keep rule keeps
+        (`common.keep_rule`: measurably faster), or None (do not compile) when it keeps none; CLAIM is
+        the steady-state speedup you measured for it (1.0 for None).
         The grader re-measures CHOICE against eager with `perflab.verify` and holds it to the bar
         calibrated for the grading hardware (parity where compiling gives nothing): on a CUDA GPU in
         full or grade mode on ResNet-18 (`TrainConfig(compile_mode=CHOICE)`), everywhere else on
@@ -84,9 +85,11 @@ from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
+    KEEP_ABOVE,
     FakeClock,
     accepted,
     inconclusive_policy,
+    keep_rule,
     report,
     verify_against_bar,
 )
@@ -94,7 +97,6 @@ from perflab.labs.lab05_dynamo import CountingBackend as CountingBackend
 from perflab.labs.lab05_dynamo import quiet as quiet
 from perflab.labs.lab05_dynamo import quiet_compile_logs as quiet_compile_logs
 from perflab.labs.lab05_dynamo import recompile_reasons as recompile_reasons
-from perflab.verify.expectations import GAIN_MIN
 from perflab.workload import COMPILE_MODES, TrainConfig
 
 LAB = "lab05_compile"
@@ -117,10 +119,9 @@ EXPECTATION_RESNET = "compile"
 EXPECTATION_SMALL = "lab05_compile_small"
 # The mode the reference solution compiles with when calibrating: the one that works on every device.
 REFERENCE_MODE = "default"
-# A steady-state speedup is a real gain when its CI's lower bound reaches this: the bar calibration
-# uses for "a gain on this hardware" (perflab.verify.expectations.GAIN_MIN); below it, compiling buys
-# less than run-to-run drift and the answer is "do not compile".
-MIN_GAIN = GAIN_MIN
+# Whether a mode is worth compiling is the kit's one keep rule (`common.keep_rule`), as in labs 3 and 6.
+# MIN_GAIN is its line, kept for a notebook released when this lab had a line of its own.
+MIN_GAIN = KEEP_ABOVE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,11 +384,12 @@ def _fmt(seconds: float) -> str:
 def break_even_here(steps: float, speedup_ci: tuple[float, float]) -> tuple[int | None, str]:
     """What a break-even step count says, given the steady-state speedup's 95% CI: (the steps after which
     compiling pays, or None when it never measurably does; the words to show). A step count is only
-    stated when the CI excludes 1: a saving the measurement does not confirm has no break-even point."""
+    stated where the kit's keep rule keeps compiling (`common.keep_rule`: the CI above KEEP_ABOVE): a saving
+    the measurement does not confirm has no break-even point."""
     low, high = speedup_ci
     if steps == math.inf:
         return None, "never pays off here (the compiled step is no faster)"
-    if low <= 1.0:
+    if not keep_rule(speedup_ci).keep:
         return None, f"no measurable gain: never pays off here (speedup CI {low:.2f}-{high:.2f}x includes 1)"
     return int(steps), f"pays off after {int(steps):,} steps"
 
@@ -464,12 +466,13 @@ def verify_choice(choice: str | None, claim: float | None = None, mode: str | No
     """Re-measure `choice` against eager in a fresh interpreter, held to this machine's calibrated bar.
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
-    Compilation happens in the verifier's warm-up and is reported apart from the timed blocks.
+    Compilation happens in the verifier's warm-up and is reported apart from the timed blocks. Judged as the
+    grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
     """
     baseline, candidate = sides(choice, mode)
     s = sizes(mode)
     return verify_against_bar(baseline, candidate, expectation_name(mode), claim=claim,
-                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
 
 
 # The predictions written before a headline measurement, by the key of their graded cell

@@ -29,8 +29,9 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
         own decisions in labs 2, 3 and 5 (`plan_from`: lab 2's loader, lab 3's precision, lab 5's
         compile mode, read by `lab06_report.earlier_decisions` or re-entered) is added to the
         configuration kept so far and screened (`lab06_measure.screen`); the student decides from the
-        screening whether it stays (the reference keeps it when its CI lies above KEEP_ABOVE), and a
-        change memory demands stays regardless. Each kept change is then timed leave-one-out
+        screening whether it stays (the reference keeps what the kit's one keep rule, `common.keep_rule`,
+        keeps: a change measurably faster than what was kept before it), and a change memory demands stays
+        regardless. Each kept change is then timed leave-one-out
         (`without`): FINAL against FINAL without it, in the ablation's own rounds
         (`lab06_measure.measure_ablation`). CHAIN is
         ("baseline", BASELINE) followed by one (name, config) per change kept, each config the one
@@ -75,6 +76,7 @@ from perflab.labs import lab06_memory, moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
+    KEEP_ABOVE,
     accepted,
     changed_fields_problems,
     inconclusive_policy,
@@ -104,10 +106,9 @@ TRAIN_THREADS = VERIFY_THREADS
 # disturbed estimate.
 # The bootstrap seed of every CI in this lab: the same raw times always give the same interval.
 CI_SEED = 0
-# A screened change is kept when the lower bound of its step speedup's 95% CI lies above this: it
-# made the step measurably faster. A change within noise adds risk (another dtype, more processes)
-# for no gain a grader could confirm.
-KEEP_ABOVE = 1.0
+# A screened change is kept by the kit's one keep rule (`common.keep_rule`; KEEP_ABOVE, imported above, is
+# its line and the screening plot's): when it made the step measurably faster. A change within noise adds
+# risk (another dtype, more processes) for no gain a grader could confirm.
 # Below this total gain (1%), the shares of it are shares of noise: ablation_table reports None.
 PARITY = 0.01
 # Accuracy kept: the final configuration may lose at most ACCURACY_Z standard errors of the
@@ -527,7 +528,8 @@ def check_accuracy(acc: Mapping[str, Any]) -> None:
 
 
 def verify_final(final: TrainConfig, claim: float | None = None, mode: str | None = None) -> Any:
-    """Re-measure FINAL against the baseline in a fresh interpreter with the calibrated bar of this machine.
+    """Re-measure FINAL against the baseline in a fresh interpreter with the calibrated bar of this machine,
+    judged as the grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -536,7 +538,7 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
         raise ValueError(problems[0])
     s = sizes(mode)
     return verify_against_bar(baseline_config(mode), final, EXPECTATION, claim=claim,
-                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
 
 
 # The prediction written before the headline measurement, by the key of its graded cell
