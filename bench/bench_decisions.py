@@ -8,8 +8,9 @@ core (this process and the verifier's children pinned to the last core), where t
 training for it; the tests assume 0.80x, 0.88x (straddling the parity bar) and 0.92x. `compile`: lab 5's
 `CHOICE = "default"` on ResNet-18 at 32 px, batch 8 (the tests assume 0.56x, cpu-bf16's calibration). Each
 row is one re-measurement through `common.verify_against_bar` as the judges call it, held to the decision
-bar this host loads: the speedup with its 95% CI, the verifier's outcome against the bar, what the decision
-rule made of it (`common.slower_than_leaving_it_out`) and whether the default policy gives the cell.
+bar this host loads: the speedup with its 95% CI, the verifier's outcome against the bar, what the keep rule
+made of it (`common.judge_decision`: measurably slower fails; straddling the bar, kept or dropped by
+`common.keep_rule`) and whether the cell is earned.
 Noise only adds time: run it on a machine as quiet as the one the numbers are for. About 40 s a row for
 the workers, 70 s for compiling, on 2 cores.
 """
@@ -73,8 +74,9 @@ def main() -> None:
                         help="cap the verifier's pairs (default: its own budget, as the grader grades)")
     parser.add_argument("--all-cores", action="store_true", help="do not pin to one core")
     args = parser.parse_args()
-    print(f"policy for an inconclusive verdict: {common.inconclusive_policy()}; decision rule: a CI wholly below "
-          f"{common.SLOWER_BELOW} fails")
+    print(f"keep rule: kept above {common.KEEP_ABOVE}, slower below {common.SLOWER_BELOW} (fails); a decision "
+          f"straddling its bar is judged by it; policy for any other inconclusive verdict: "
+          f"{common.inconclusive_policy()}")
     print(f"{'what':34} {'cores':12} {'bar':>5} {'speedup':>8} {'95% CI':>13} {'verifier':>12} "
           f"{'decision':>26} {'cell':>5} {'s':>5}")
     for _ in range(args.repeats):

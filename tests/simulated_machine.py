@@ -100,11 +100,14 @@ class SimulatedMachine:
         return config_step
 
 
-def one_core(worker_speedup: float = 1.0, compile_speedup: float = 1.0, jitter: float = NOISY) -> SimulatedMachine:
+def one_core(worker_speedup: float = 1.0, compile_speedup: float = 1.0, jitter: float = NOISY,
+             amp_speedup: float = 1.0) -> SimulatedMachine:
     """A machine of one core: each configuration with loader workers runs at `worker_speedup` (the workers
-    compete with training for the core), one that compiles at `compile_speedup`, the rest at 1.0."""
+    compete with training for the core), one that compiles at `compile_speedup`, one under autocast at
+    `amp_speedup`, the rest at 1.0."""
     def speedup(config: TrainConfig) -> float:
         return ((worker_speedup if config.num_workers else 1.0)
-                * (compile_speedup if config.compile_mode else 1.0))
+                * (compile_speedup if config.compile_mode else 1.0)
+                * (amp_speedup if config.amp_dtype else 1.0))
 
     return SimulatedMachine(speedup, jitter)

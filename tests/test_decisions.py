@@ -24,8 +24,9 @@ import simulated_machine as simulated
 from perflab import env, stats
 from perflab.grading.judging import Context
 from perflab.grading.marks import Mark
-from perflab.labs import common, lab02, lab05, lab06, lab06_probes
+from perflab.labs import common, lab02, lab03, lab05, lab06, lab06_probes
 from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.hidden import lab03 as hidden03
 from perflab.labs.hidden import lab05 as hidden05
 from perflab.labs.hidden import lab06 as hidden06
 from perflab.verify import Budget, Verdict, load_expectation, verify
@@ -317,3 +318,33 @@ def test_lab5_a_compile_straddling_its_gain_bar_is_judged_by_the_keep_rule(case,
     assert (choice.fraction == 1.0) is keep and choice.verdict["verdict"] == ("pass" if keep else "fail"), choice.message
     lazy = hidden05.judge_choice({"choice": None, "claim": 1.0, "why": "compiling did not pay in my comparison"}, ctx)
     assert lazy.fraction == 0.0, lazy.message
+
+
+# The same three cases for bf16 autocast under lab 3's smaller tiny budget (its streams of simulated noise
+# differ from the worker's, so its speedups do): the grader's CI reads 1.09-1.24x against a gain bar of 1.15,
+# 0.98-1.29x against 1.1, and 0.81-1.08x against parity.
+AMP_STRADDLING = {"a gain bar, measurably faster": (1.2, simulated.NOISY, 1.15, True),
+                  "a gain bar, within noise of leaving it out": (1.2, simulated.SHARED, 1.1, False),
+                  "the parity bar, within noise of leaving it out": (1.0, simulated.SHARED, None, False)}
+
+
+@pytest.mark.parametrize("case", AMP_STRADDLING)
+def test_lab3_a_precision_straddling_its_bar_is_judged_by_the_keep_rule(case, uncalibrated, monkeypatch) -> None:
+    """Lab 3's AMP_CONFIG is a decision too, made by the same rule in the notebook: bf16 straddling its bar is
+    judged by the keep rule on the grader's CI; where the rule leaves it out, FP32 (the baseline) earns."""
+    speedup, jitter, threshold, keep = AMP_STRADDLING[case]
+    if threshold is not None:
+        _gain_bar(monkeypatch, threshold)
+    simulated.one_core(amp_speedup=speedup, jitter=jitter).install(monkeypatch)
+    ctx = Context(lab03.LAB, 0, "tiny")
+    base = lab03.baseline_config("tiny")
+
+    def judged(config: TrainConfig) -> Mark:
+        return hidden03.judge_verified({"type": "TrainConfig", "config": config.to_dict(), "claim": 1.1}, ctx)
+
+    kept = judged(base.replace(amp_dtype="bf16"))
+    ci = kept.verdict["ci"]
+    assert ci[0] < (threshold or PARITY_BAR) <= ci[1] and ci[1] >= common.SLOWER_BELOW, kept.message
+    assert (kept.fraction == 1.0) is keep and kept.verdict["verdict"] == ("pass" if keep else "fail"), kept.message
+    if threshold is None:
+        assert judged(base).fraction == 1.0

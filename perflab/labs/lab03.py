@@ -327,7 +327,8 @@ def config_problems(config: Any, mode: str | None = None) -> list[str]:
 
 
 def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
-    """Re-measure `config` against the FP32 baseline in a fresh interpreter, held to this machine's bar.
+    """Re-measure `config` against the FP32 baseline in a fresh interpreter, held to this machine's bar and
+    judged as the grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
 
     Returns (verdict, expectation): a `perflab.verify.Verdict` and the `Expectation` it was held to.
     """
@@ -336,7 +337,7 @@ def verify_amp(config: TrainConfig, claim: float | None = None, mode: str | None
         raise ValueError(problems[0])
     s = sizes(mode)
     return verify_against_bar(baseline_config(mode), config, expectation_name(config.device_type), claim=claim,
-                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds)
+                              max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
 
 
 # ---------------------------------------------------------------------------------------------
