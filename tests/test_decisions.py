@@ -265,7 +265,8 @@ def _gain_bar(monkeypatch: pytest.MonkeyPatch, threshold: float) -> Expectation:
 # jitter, the bar, what the keep rule makes of the grader's CI). Gaining 1.12x against a calibrated bar of
 # 1.15, on a noisy host: measurably faster, kept. Gaining 1.05x against a bar of 1.1 on a shared host: the
 # CI reaches below 1, left out. Costing 0.89x against the parity bar on a shared host (as one bench run read
-# one worker over lab 6's baseline: 0.86x, CI 0.79-0.96x): not measurably slower, no gain either, left out.
+# one worker over lab 6's baseline: 0.86x, CI 0.79-0.96x): not measurably slower, but no gain within its CI
+# either, left out (under a bar that asks no gain, a straddling CI passes only where a gain lies within it).
 STRADDLING = {"a gain bar, measurably faster": (1.12, simulated.NOISY, 1.15, True),
               "a gain bar, within noise of leaving it out": (1.05, simulated.SHARED, 1.1, False),
               "the parity bar, within noise of leaving it out": (0.89, simulated.SHARED, None, False)}
@@ -295,7 +296,8 @@ def test_a_kept_worker_whose_remeasurement_straddles_its_bar_is_judged_by_the_ke
         assert "judged by the keep rule: measurably faster" in kept.message, kept.message
     else:
         assert kept.fraction == 0.0 and kept.verdict["verdict"] == "fail", kept.message
-        assert "judged by the keep rule: no measurable gain" in kept.message, kept.message
+        assert ("judged by the keep rule: no measurable gain" if threshold is not None
+                else "no gain lies within the CI") in kept.message, kept.message
     if threshold is None:
         measured = judged(base)
         assert measured.fraction == 1.0, measured.message
@@ -322,10 +324,12 @@ def test_lab5_a_compile_straddling_its_gain_bar_is_judged_by_the_keep_rule(case,
 
 # The same three cases for bf16 autocast under lab 3's smaller tiny budget (its streams of simulated noise
 # differ from the worker's, so its speedups do): the grader's CI reads 1.09-1.24x against a gain bar of 1.15,
-# 0.98-1.29x against 1.1, and 0.81-1.08x against parity.
+# 0.98-1.29x against 1.1, and 0.81-1.08x against parity: there a gain lies within the CI, which the grader
+# cannot tell from the one the notebook measured (lab 3's reference in tiny mode, kept at CI 1.21-1.97x in its
+# notebook, re-measured at CI 0.84-1.44x): it passes, and FP32 passes too.
 AMP_STRADDLING = {"a gain bar, measurably faster": (1.2, simulated.NOISY, 1.15, True),
                   "a gain bar, within noise of leaving it out": (1.2, simulated.SHARED, 1.1, False),
-                  "the parity bar, within noise of leaving it out": (1.0, simulated.SHARED, None, False)}
+                  "the parity bar, a gain within noise": (1.0, simulated.SHARED, None, True)}
 
 
 @pytest.mark.parametrize("case", AMP_STRADDLING)

@@ -118,7 +118,7 @@ def test_results_and_report_hold_the_ablation(tiny_data) -> None:
     assert cumulative and all(r["ci"][0] <= r["speedup"] <= r["ci"][1] for r in cumulative)
     # A tiny run on a shared host can straddle the bar: the keep rule then judges it on the grader's CI and may
     # leave it out (tests/test_decisions.py holds the rule's verdicts on a simulated machine); here, only the plumbing.
-    judged = "judged by the keep rule" in (sections["verification"][0].get("reason") or "")
+    judged = common.JUDGED_BY_RULE.search(sections["verification"][0].get("reason") or "")
     assert cumulative[-1]["verdict"] in ("pass", "inconclusive") or judged, sections["verification"][0]
     assert cumulative[-1]["claimed"] == cumulative[-1]["speedup"]
     assert set(sections["phases"]) == {"before", "after"}
