@@ -62,7 +62,7 @@ class Outcome:
     skipped: str = ""  # why nothing was calibrated where something was missing (--no-calibration, Ray)
 
     def line(self) -> str:
-        """The closing note's part: what calibration cost, or why none ran."""
+        """The closing note's part: what calibrating first cost ("" where nothing was calibrated)."""
         if self.calibrated:
             return (f"calibrated {len(self.calibrated)} bar(s) here first ({', '.join(self.calibrated)}) in "
                     f"{self.seconds:.0f} s, kept in {self.path}")
