@@ -178,7 +178,7 @@ def test_the_command_passes_no_calibration_on(monkeypatch, tmp_path):
 def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, monkeypatch):
     """The demo's lazy and reference students for lab 2, graded by the real pipeline in grade mode on a
     class with no committed file (the lookup pointed at an empty folder): the grader calibrates lab 2's
-    one entry first (one run at the protocol's fewest pairs, to keep the suite short), and the lazy student
+    one entry first (one run of a calibration's pairs, to keep the suite short), and the lazy student
     then earns `test_best_verified` only where the workers gain nothing here; the reference earns it. The
     conservative rule alone would have given it to the lazy student (judged here too, untimed). On this
     2-core AVX-512-BF16 host two workers gain about 1.4x when the machine is otherwise idle; where another
