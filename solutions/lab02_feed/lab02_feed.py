@@ -542,14 +542,15 @@ CHOSEN_PREFETCH = max(prefetch_sweep, key=prefetch_sweep.get)
 # colour jitter, normalise, each a pass over every pixel on a CPU core. On a GPU those passes cost
 # next to nothing. `TrainConfig(gpu_augment=True)` keeps only the random crop on the CPU (it makes
 # every image the same size), ships uint8 images (4x fewer bytes than float32) and runs flip, jitter
-# and normalisation with kornia on the device, seeded per step.
+# and normalisation on the device, batched (`perflab.device_augment`: one sampling op for the whole
+# batch, the jitter as per-image factors), seeded per step. Its time shows as the `augment` phase.
 #
 # JPEG decoding itself can move too: `torchvision.io.decode_jpeg(data, device="cuda")` decodes on
 # the GPU with nvJPEG, taking a list of encoded files so a whole batch decodes at once. The workers
 # then only read bytes from disk. It is worth it when decoding, not augmentation, is what is left on
 # the CPU (large JPEGs, few cores).
 #
-# This changes the random numbers the augmentation draws (kornia on the device draws other flips
+# This changes the random numbers the augmentation draws (the device's generator draws other flips
 # and jitters than torchvision on the CPU), so it cannot pass the step-by-step loss check against
 # the baseline: it is measured here, not graded. Without a GPU, "device augmentation" would run on
 # the same CPU cores and only move work between processes, so the cell does not measure it.
@@ -562,7 +563,7 @@ if DEVICE.type == "cuda":
     on_gpu = phases.measure_phases(fed.replace(gpu_augment=True), steps=S.phase_steps)
     gpu_augment = {"cpu_augment": on_cpu.seconds, "gpu_augment": on_gpu.seconds}
     print("augmentation on the CPU workers:\n" + on_cpu.table())
-    print("\naugmentation on the GPU (kornia):\n" + on_gpu.table())
+    print("\naugmentation on the GPU:\n" + on_gpu.table())
 else:
     print(f"No CUDA device here ({DEVICE.type}): augmentation stays on the CPU.")
 
