@@ -340,3 +340,17 @@ def test_no_source_a_notebook_prints_announces_a_measured_figure() -> None:
                     found += [f"{lab}, {obj.__qualname__}: {s}" for s in announced(inspect.getsource(obj))]
     assert {"preprocess_leaky", "BrokenBlock"} <= set(shown)
     assert not found, "a notebook prints kit source that states measured figures:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("notebook", sorted(ROOT.glob("solutions/lab*/*.ipynb")), ids=lambda p: p.parent.name)
+def test_every_lab_states_its_laptop_time_as_the_reference_machines_example(notebook: Path) -> None:
+    """A student sees before starting how long the lab takes, as one machine's example (measured: `make lab
+    LAB=... MODE=laptop`), and the lab's last cell prints its own time here (`common.elapsed_statement`)."""
+    doc = json.loads(notebook.read_text(encoding="utf-8"))
+    text = " ".join("".join(c["source"]) for c in doc["cells"] if c["cell_type"] == "markdown")
+    stated = re.search(r"\*\*How long\.\*\* On the reference machine .*? in laptop mode in (\d+ min )?\d+ s", " ".join(text.split()))
+    assert stated, f"{notebook.name}: no laptop-mode time stated as the reference machine's example"
+    minutes = re.search(r"in laptop mode in (?:(\d+) min )?(\d+) s", stated.group(0))
+    assert int(minutes.group(1) or 0) * 60 + int(minutes.group(2)) < 600  # every lab under 10 minutes on 2 cores
+    code = "".join("".join(c["source"]) for c in doc["cells"] if c["cell_type"] == "code")
+    assert "elapsed_statement" in code

@@ -38,6 +38,10 @@
 # GPU, `grade` when the autograder runs it. Your verdict in part 9 is checked against the grader's
 # *own* measurement on the grading machine, so reason from what you measure, not from what you expect.
 #
+# **How long.** On the reference machine (2 AMD EPYC cores, no GPU), for instance, this notebook ran
+# top to bottom in laptop mode in 64 s, one lab at a time on a quiet machine. Its last cell prints how
+# long it took on yours.
+#
 # Fill in every cell that says `YOUR CODE HERE` or `YOUR ANSWER HERE`, run the notebook top to bottom
 # (Kernel → Restart & Run All), and make sure the visible tests pass before you submit.
 #

@@ -37,6 +37,10 @@
 # notebook on its own machine: derive `AMP_CONFIG` from the measurements above it, not from numbers
 # typed in for your laptop.
 #
+# **How long.** On the reference machine (2 AMD EPYC cores, no GPU), for instance, this notebook ran
+# top to bottom in laptop mode in 76 s, one lab at a time on a quiet machine. Its last cell prints how
+# long it took on yours.
+#
 # Fill in every cell that says `YOUR CODE HERE` or `YOUR ANSWER HERE`, run the notebook top to bottom
 # (Kernel → Restart & Run All), and make sure the visible tests pass before you submit.
 #

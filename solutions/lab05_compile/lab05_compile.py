@@ -46,6 +46,10 @@
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs the whole
 # notebook on its own machine: derive `CHOICE` from the measurements above it.
 #
+# **How long.** On the reference machine (2 AMD EPYC cores, no GPU), for instance, this notebook ran
+# top to bottom in laptop mode in 68 s, one lab at a time on a quiet machine. Its last cell prints how
+# long it took on yours.
+#
 # Fill in every cell that says `YOUR CODE HERE` or `YOUR ANSWER HERE`, run the notebook top to bottom
 # (Kernel → Restart & Run All), and make sure the visible tests pass before you submit.
 #
