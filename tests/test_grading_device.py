@@ -108,6 +108,11 @@ def test_the_worker_reads_the_first_probes_device_and_the_results_device(tmp_pat
     files = {f"{LAB}.json": json.dumps({"machine": {"device": "cpu"}})}
     assert "ran on cpu, but this job is graded for cuda" in worker.results_device_mismatch(files, LAB, "cuda")
     assert worker.results_device_mismatch(files, LAB, "cpu") is None
+    # A notebook that set PERFLAB_DEVICE itself ran elsewhere by its own doing: no machine fault to hide behind.
+    changed = {"kernel": {"env": {env.DEVICE_ENV: "cpu"}}}
+    assert worker.results_device_mismatch(files, LAB, "cuda", changed) is None
+    kept = {"kernel": {"env": {env.DEVICE_ENV: "cuda"}}}
+    assert "graded for cuda" in worker.results_device_mismatch(files, LAB, "cuda", kept)
 
 
 # ---------------------------------------------------------------------------------------------

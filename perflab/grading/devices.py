@@ -45,10 +45,9 @@ def visible_gpus() -> int:
 
 
 def _other_kind() -> str:
-    import torch
+    from perflab import env
 
-    backend = getattr(torch.backends, "mps", None)
-    return "mps" if backend is not None and backend.is_available() else "cpu"
+    return "mps" if env._mps_available() else "cpu"
 
 
 def decide(gpus: int | None, backend: str = "local", visible: int | None = None) -> GradingDevice:

@@ -358,7 +358,7 @@ def run(job_dir: Path) -> WorkerReport:
     CapOutput().preprocess(nb, {})
     cap_total_outputs(nb, NOTEBOOK_CAP_BYTES)
     files = results_files(folder, lab)
-    fault = executor.machine_fault or results_device_mismatch(files, lab, job.get("device"))
+    fault = executor.machine_fault or results_device_mismatch(files, lab, job.get("device"), observations)
     if fault:
         return WorkerReport(notebook=nbformat.writes(nb), error=fault, machine_fault=True, events=_typed(_EVENTS))
     return WorkerReport(notebook=nbformat.writes(nb), observations=observations,
@@ -383,10 +383,17 @@ def device_fault(start_probe: Path) -> str | None:
     return None
 
 
-def results_device_mismatch(files: dict[str, str], lab: str, assigned: str | None) -> str | None:
+def results_device_mismatch(files: dict[str, str], lab: str, assigned: str | None,
+                            observations: dict[str, Any] | None = None) -> str | None:
     """Why the results file the notebook wrote names another device than the one its job is graded for
-    (the kernel then did not run the job's device: the machine's fault); None where they agree."""
+    (the kernel then did not run the job's device: the machine's fault); None where they agree, and None
+    where the notebook itself changed $PERFLAB_DEVICE (the last probe saw it): that is the submission's
+    doing, graded as it ran and flagged with the kernel's environment, never the machine's fault."""
     if not assigned or f"{lab}.json" not in files:
+        return None
+    kernel = (observations or {}).get("kernel") or {}
+    seen = (kernel.get("env") or {}).get("PERFLAB_DEVICE") if isinstance(kernel, dict) else None
+    if seen is not None and seen != assigned:
         return None
     try:
         device = json.loads(files[f"{lab}.json"]).get("machine", {}).get("device")
