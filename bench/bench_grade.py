@@ -4,6 +4,10 @@ Each mode grades the same class (N copies of the lab's reference solution, hande
 students) in a fresh course folder, in grade mode, through the full sandbox. The clock runs
 from the first submission to the last merge; setting up the course, the lab's gradebook
 template and the Ray cluster are timed apart (they happen once per course, not per notebook).
+A lab whose notebook decides from its own measurements (`perflab.labs.homework.LABS`) is first run
+once as at home, in grade mode, as a student runs it before handing it in: the copies carry what it
+measured there, which the grader replays instead of timing the homework again. That home run is
+timed apart too (the student's time, not the grader's).
 
     python bench/bench_grade.py [--lab lab01_measure] [--solutions solutions/] [-n 6]
                                 [--modes serial,pool,ray] [--jobs 2] [--ray-address ADDR]
@@ -43,6 +47,7 @@ class Row:
     wall_s: float
     ok: int
     once_s: float  # one-off cost before the first submission (cluster start)
+    home_s: float = 0.0  # the reference's one home run before it was handed in (not grading time)
 
     @property
     def per_hour(self) -> float:
@@ -61,26 +66,35 @@ def solved(release, source):
     return nb
 
 
-def make_course(folder: Path, solutions: Path, lab: str, n: int) -> Path:
+def make_course(folder: Path, solutions: Path, lab: str, n: int, cell_timeout: int = 600) -> tuple[Path, float]:
+    """The course with `n` copies of the reference handed in; and the seconds of its home run (0 if none)."""
+    from perflab.demo import home_run
+    from perflab.labs import homework
+
     course = folder / "course"
     pipeline.setup(course, solutions, [lab])
     pipeline.template(course, lab)
     name = next((solutions / lab).glob("*.ipynb")).name
     good = solved(nbformat.read(course / "release" / lab / name, as_version=4),
                   nbformat.read(solutions / lab / name, as_version=4))
+    home_s = 0.0
+    if lab in homework.LABS:
+        began = time.perf_counter()
+        good = home_run(good, folder / "home" / lab, "grade", timeout=cell_timeout, name=name)
+        home_s = time.perf_counter() - began
     hand_ins = folder / "hand_ins"
     hand_ins.mkdir()
     for i in range(n):
         good.metadata["perflab_bench_copy"] = i  # distinct content: nothing is skipped as already graded
         nbformat.write(good, hand_ins / f"s{i:03d}_{lab}.ipynb")
     collect.collect(course, hand_ins)
-    return course
+    return course, home_s
 
 
 def run_mode(mode: str, solutions: Path, lab: str, n: int, jobs: int, address: str | None,
              settings: pipeline.Settings) -> Row:
     with tempfile.TemporaryDirectory(prefix=f"bench-grade-{mode}-") as tmp:
-        course = make_course(Path(tmp), solutions, lab, n)
+        course, home_s = make_course(Path(tmp), solutions, lab, n, settings.cell_timeout)
         once = 0.0
         with contextlib.ExitStack() as stack:
             if mode == "ray" and address is None:
@@ -101,7 +115,7 @@ def run_mode(mode: str, solutions: Path, lab: str, n: int, jobs: int, address: s
                 short = "; ".join(f"{c.grade_id} {c.score}/{c.max_score}: {c.error}"[:240] for c in r.cells
                                   if c.score is not None and c.score < c.max_score) or r.outcome
                 print(f"  {r.student}: {r.score}/{r.max_score}: {short}", file=sys.stderr)
-    return Row(mode, 1 if mode == "serial" else jobs, n, wall, ok, once)
+    return Row(mode, 1 if mode == "serial" else jobs, n, wall, ok, once, home_s)
 
 
 def main() -> int:
@@ -129,7 +143,8 @@ def main() -> int:
     for mode in (m.strip() for m in args.modes.split(",") if m.strip()):
         r = run_mode(mode, solutions, lab, args.n, args.jobs, args.ray_address, settings)
         rows.append(r)
-        once = f"cluster start {r.once_s:.0f} s" if r.once_s else ""
+        once = "; ".join(([f"cluster start {r.once_s:.0f} s"] if r.once_s else [])
+                         + ([f"home run {r.home_s:.0f} s"] if r.home_s else []))
         print(f"{r.mode:8s} {r.jobs:4d} {r.ok:3d}/{r.submissions:<3d} {r.wall_s:8.1f} {r.wall_s / r.submissions:7.1f} "
               f"{r.per_hour:9.0f}  {once}", flush=True)
     return 0 if all(r.ok == r.submissions for r in rows) else 1

@@ -198,9 +198,39 @@ def marker_notebook(reference: Any) -> Any:
     return nb
 
 
+def home_run(nb: Any, folder: Path, mode: str, timeout: int = 600, name: str = "notebook.ipynb") -> Any:
+    """`nb` executed as a student runs it at home (saved as `name` in `folder`, run there in `mode`,
+    outside any grader), so that what it hands in carries its home measurements
+    (`perflab.labs.homework`); the executed copy, also saved there."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = copy.deepcopy(nb)
+    nbformat.write(nb, folder / name)  # a lab reads its own saved notebook (lab 6's written analysis)
+    saved = {k: os.environ.get(k) for k in ("PERFLAB_MODE", "NBGRADER_EXECUTION", "PERFLAB_GRADER_REMEASURES")}
+    os.environ["PERFLAB_MODE"] = mode
+    for variable in ("NBGRADER_EXECUTION", "PERFLAB_GRADER_REMEASURES"):
+        os.environ.pop(variable, None)
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(folder)}}).execute()
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
+    nbformat.write(nb, folder / name)
+    return nb
+
+
 def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Path,
-                students: Sequence[str] = STUDENTS) -> dict[str, dict[str, Path]]:
-    """Write `<student>_<lab>.ipynb` for every student and lab into `out`; {student: {lab: path}}."""
+                students: Sequence[str] = STUDENTS,
+                home: Callable[[Any, str], Any] | None = None) -> dict[str, dict[str, Path]]:
+    """Write `<student>_<lab>.ipynb` for every student and lab into `out`; {student: {lab: path}}.
+    `home(reference, lab)`, where given, runs the reference as at home first: every student of the lab
+    is made from the executed copy, and hands in what it measured there."""
     import nbformat
 
     out.mkdir(parents=True, exist_ok=True)
@@ -209,6 +239,8 @@ def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Pa
         source = nbformat.read(next((Path(solutions) / lab).glob("*.ipynb")), as_version=4)
         release = nbformat.read(next((Path(release_dir) / lab).glob("*.ipynb")), as_version=4)
         reference = reference_notebook(source, release)
+        if home is not None:
+            reference = home(reference, lab)
         notebooks = {"reference": reference, "partial": partial_notebook(reference, release),
                      "lazy": lazy_notebook(reference, lab),
                      "cheater": cheater_notebook(reference, release), "crasher": crasher_notebook(reference),
@@ -278,6 +310,7 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     from perflab.env import MODES, mode_sizes
     from perflab.grading import collect, devices, export, pipeline, sandbox, self_calibration
     from perflab.grading.state import State
+    from perflab.labs import homework
 
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
@@ -312,7 +345,21 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     stage(f"course folder {course} from {solutions} ({len(labs)} lab(s))")
     pipeline.setup(course, solutions, labs)
     stage("demo class: " + ", ".join(students))
-    made = write_class(labs, course / "release", solutions, out / "class", students)
+    at_home = [lab for lab in labs if lab in homework.LABS]
+
+    def home(reference: Any, lab: str) -> Any:
+        if lab not in at_home:
+            return reference
+        begun = time.monotonic()
+        executed = home_run(reference, out / "home" / lab, mode, timeout=cell_timeout, name=f"{lab}.ipynb")
+        say(f"    {lab}: the reference ran at home in {time.monotonic() - begun:.0f} s; every student of the lab "
+            f"hands in what it measured there ({len(homework.from_notebook(executed))} measurement(s))")
+        return executed
+
+    if at_home:
+        say(f"    {', '.join(at_home)}: each decides from its own measurements, so its reference runs once at home "
+            "first, as a student's does, and the grader replays what it measured (perflab.labs.homework)")
+    made = write_class(labs, course / "release", solutions, out / "class", students, home=home)
     stage(f"collect {sum(len(v) for v in made.values())} submission(s) from {out / 'class'}")
     collected = collect.collect(course, out / "class")
     for line in collected.lines():

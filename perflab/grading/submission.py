@@ -36,6 +36,7 @@ from perflab.grading.run import (
 )
 from perflab.grading.score import score
 from perflab.grading.workfolders import work_folder
+from perflab.labs import homework
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,11 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         return failure_result(info, error, findings=tuple(findings))
     present = {grade_id(c) for c in nb.cells if grade_id(c)}
     seed = secrets.randbelow(2**31)
+    measured_at_home = homework.from_notebook(nb)  # read before the outputs are cleared
     restore_locked(nb, release)
     with work_folder(f"{job.lab}-") as workdir:
         env = prepare_job(job, info, tmpl, workdir, settings, nb, seed)
+        homework.write_file(measured_at_home, workdir / "notebook")
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         (workdir / "job.json").write_text(json.dumps({**json.loads((workdir / "job.json").read_text()),

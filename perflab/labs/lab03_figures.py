@@ -170,29 +170,42 @@ def compare_precisions(configs: Mapping[str, TrainConfig], *, mode: str | None =
     One baseline workload serves every comparison; each candidate gets its own (same seed, same data).
     """
     from perflab import timing, workload
+    from perflab.labs import homework
 
     s = sizes(mode)
-    blocks = blocks or s.compare_blocks
-    base = workload.build(baseline_config(mode))
-    out = {}
-    try:
-        for name in (progress or iter)(list(configs)):
-            work = workload.build(configs[name])
-            try:
-                for _ in range(s.compare_warmup):
-                    workload.train_step(base)
-                    workload.train_step(work)
-                a, b = timing.interleaved_blocks(
-                    [lambda: workload.train_step(base), lambda w=work: workload.train_step(w)], blocks, 1,
-                    sync=lambda i: env.synchronize(base.device))
-                out[name] = timing.Comparison(tuple(a), tuple(b), 1, labels=("fp32", name), device=str(base.device),
-                                              threads=torch.get_num_threads(), warmup=s.compare_warmup,
-                                              hardware_class=env.machine_info(base.device).hardware_class)
-            finally:
-                work.close()
-    finally:
-        base.close()
-    return out
+    names = list(configs)
+
+    def timed(n_blocks: int, warmup: int) -> dict[str, Any]:
+        base = workload.build(baseline_config(mode))
+        out = {}
+        try:
+            for name in (progress or iter)(names):
+                work = workload.build(configs[name])
+                try:
+                    for _ in range(warmup):
+                        workload.train_step(base)
+                        workload.train_step(work)
+                    a, b = timing.interleaved_blocks(
+                        [lambda: workload.train_step(base), lambda w=work: workload.train_step(w)], n_blocks, 1,
+                        sync=lambda i: env.synchronize(base.device))
+                    out[name] = timing.Comparison(tuple(a), tuple(b), 1, labels=("fp32", name),
+                                                  device=str(base.device), threads=torch.get_num_threads(),
+                                                  warmup=warmup,
+                                                  hardware_class=env.machine_info(base.device).hardware_class)
+                finally:
+                    work.close()
+        finally:
+            base.close()
+        return out
+
+    def decode(value: Any) -> dict[str, Any]:
+        return {name: homework.comparison_from(value[name]) for name in names}
+
+    return homework.measured("lab03.compare_precisions", {"names": names},
+                             lambda: timed(blocks or s.compare_blocks, s.compare_warmup),
+                             quick=lambda: timed(homework.QUICK_BLOCKS, 1),
+                             encode=lambda out: {k: homework.comparison_value(c) for k, c in out.items()},
+                             decode=decode, what="comparison of the precisions")
 
 
 def speedup_rows(comparisons: Mapping[str, Any]) -> list[dict[str, Any]]:

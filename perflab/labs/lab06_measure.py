@@ -70,12 +70,20 @@ def screen(current: TrainConfig, candidate: TrainConfig, s: LabSizes | None = No
     """Time `candidate` against `current` in interleaved primed blocks (`interleaved_blocks`): a
     `perflab.timing.Comparison` (A = current, B = candidate; `.speedup`, `.ci()`)."""
     from perflab import timing
+    from perflab.labs import homework
 
     s = s or sizes()
-    (a, b), device = _timed_blocks([current, candidate], s.screen_blocks, s.block_steps, warmup, "screening")
-    return timing.Comparison(tuple(a), tuple(b), s.block_steps, labels=("kept so far", "with the change"),
-                             device=str(device), threads=env.set_threads(None), warmup=warmup,
-                             quantile=QUANTILE)
+
+    def timed(blocks: int, warm: int) -> Any:
+        (a, b), device = _timed_blocks([current, candidate], blocks, s.block_steps, warm, "screening")
+        return timing.Comparison(tuple(a), tuple(b), s.block_steps, labels=("kept so far", "with the change"),
+                                 device=str(device), threads=env.set_threads(None), warmup=warm,
+                                 quantile=QUANTILE)
+
+    changes = homework.config_changes(current, candidate)
+    return homework.measured("lab06.screen", {"changes": changes}, lambda: timed(s.screen_blocks, warmup),
+                             quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=homework.comparison_value,
+                             decode=homework.comparison_from, what=f"screening of {', '.join(changes) or 'nothing'}")
 
 
 def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
@@ -108,6 +116,7 @@ def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | Non
     chain timed 3k + 1.
     """
     from perflab import timing
+    from perflab.labs import homework
     from perflab.labs.lab06 import without
 
     s = s or sizes()
@@ -121,13 +130,30 @@ def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | Non
         if config not in configs:
             configs.append(config)
         left_out[name] = configs.index(config)
-    times, device = _timed_blocks(configs, s.chain_blocks, s.block_steps, warmup, "ablation rounds")
-    final = tuple(times[len(chain) - 1])
-    comparisons = {name: timing.Comparison(tuple(times[i]), final, s.block_steps,
-                                           labels=(f"FINAL without {name}", "FINAL"), device=str(device),
-                                           threads=env.set_threads(None), warmup=warmup, quantile=QUANTILE)
-                   for name, i in left_out.items()}
-    return dict(zip(names, times[:len(chain)], strict=True)), comparisons
+
+    def timed(blocks: int, warm: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+        times, device = _timed_blocks(configs, blocks, s.block_steps, warm, "ablation rounds")
+        final = tuple(times[len(chain) - 1])
+        comparisons = {name: timing.Comparison(tuple(times[i]), final, s.block_steps,
+                                               labels=(f"FINAL without {name}", "FINAL"), device=str(device),
+                                               threads=env.set_threads(None), warmup=warm, quantile=QUANTILE)
+                       for name, i in left_out.items()}
+        return dict(zip(names, times[:len(chain)], strict=True)), comparisons
+
+    def encode(result: tuple[dict[str, list[float]], dict[str, Any]]) -> dict[str, Any]:
+        return {"times": result[0], "left_out": {k: homework.comparison_value(c) for k, c in result[1].items()}}
+
+    def decode(value: Any) -> tuple[dict[str, list[float]], dict[str, Any]]:
+        times = {name: [float(t) for t in value["times"][name]] for name in names}
+        if len({len(t) for t in times.values()}) != 1 or any(not (t > 0) for row in times.values() for t in row):
+            raise ValueError("ablation record: block times of unequal length or not positive")
+        return times, {name: homework.comparison_from(value["left_out"][name]) for name in left_out}
+
+    key = {"names": names, "changes": [homework.config_changes(a, b) for a, b in zip(configs, configs[1:len(chain)])],
+           "leave_out": list(left_out)}
+    return homework.measured("lab06.ablation", key, lambda: timed(s.chain_blocks, warmup),
+                             quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=encode, decode=decode,
+                             what="ablation rounds")
 
 
 def step_stat(block_times: Sequence[float], block_steps: int, batch_size: int) -> dict[str, Any]:
@@ -146,14 +172,25 @@ def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int,
     """Train each configuration `steps` fixed-seed steps from the same initial model (at `image_size`, if
     given, for both), then evaluate both on the evaluation images (perflab.workload.evaluate)."""
     from perflab import dataset
+    from perflab.labs import homework
 
     if image_size is not None:
         baseline, final = baseline.replace(image_size=image_size), final.replace(image_size=image_size)
-    out: dict[str, Any] = {"steps": steps}
-    for key, config in (("baseline", baseline), ("final", final)):
-        out[key], out[f"{key}_loss"] = trained_accuracy(config, steps)
-    out["n_eval"] = len(dataset.load(baseline.data, image_size=baseline.image_size, train=False))
-    return out
+
+    def trained(n: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"steps": n}
+        for key, config in (("baseline", baseline), ("final", final)):
+            out[key], out[f"{key}_loss"] = trained_accuracy(config, n)
+        out["n_eval"] = len(dataset.load(baseline.data, image_size=baseline.image_size, train=False))
+        return out
+
+    def decode(value: Any) -> dict[str, Any]:
+        out = {k: float(value[k]) for k in ("baseline", "final", "baseline_loss", "final_loss")}
+        return {**out, "steps": int(value["steps"]), "n_eval": int(value["n_eval"])}
+
+    return homework.measured("lab06.accuracy", {"changes": homework.config_changes(baseline, final)},
+                             lambda: trained(steps), quick=lambda: trained(min(steps, homework.QUICK_STEPS)),
+                             encode=dict, decode=decode, what="accuracy run")
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,186 @@
+"""What a notebook measured at home, carried to the grader in the notebook's own outputs.
+
+A decision (lab 3's AMP_CONFIG, lab 6's FINAL) rests on the student's own measurements, and the grade
+on the grader's re-measurement of what was decided. Grading therefore never repeats the homework:
+
+* At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
+  screening, ablation and accuracy run and lab 3's comparison of precisions, runs in full and shows its
+  raw samples as an output of its cell (`HOMEWORK_MIME`, beside one line of text). Saving the notebook
+  keeps them: the notebook the student hands in carries them, with no file beside it to lose.
+* The grader reads them from the submitted notebook (`from_notebook`) before it clears the outputs and
+  lays them beside the notebook it runs (`HOMEWORK_FILE`). In the grading kernel the same call returns
+  what was measured at home (`measured`): the notebook decides as it did at home, in a fraction of the
+  time. Each measurement is matched by what it measures (which knobs change, which names it times, in
+  the order of the calls), never by values, so a home run on a laptop replays on a GPU server.
+* A measurement the notebook does not carry runs at the smallest budget that still executes its code
+  (`QUICK_BLOCKS` blocks), and its cell says so: a decision made on it was not made on a measurement.
+
+What is replayed only steers the notebook: every graded speedup is the grader's own re-measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+HOMEWORK_MIME = "application/vnd.perflab.homework+json"
+# The labs whose notebooks decide from a recorded measurement (tests/test_homework.py holds it to them).
+LABS = ("lab03_amp", "lab06_together")
+# Beside the notebook in the grading kernel's folder: what the submission's outputs carried.
+HOMEWORK_FILE = "homework.json"
+# Blocks of each side a measurement runs in the grading kernel when the notebook does not carry it:
+# the fewest a comparison's CI takes, so the student's code runs as written.
+QUICK_BLOCKS = 2
+# Training steps of an accuracy run the notebook does not carry (the grader trains its own to grade).
+QUICK_STEPS = 2
+# A submission's record larger than this is not read (a screening's record is a few kilobytes).
+MAX_RECORD_BYTES = 2_000_000
+# What this kernel recorded (at home) or replayed and timed quickly (graded), in call order.
+RECORDED: list[dict[str, Any]] = []
+EVENTS: list[dict[str, Any]] = []
+
+_BOOK: list[dict[str, Any]] | None = None
+
+
+def _grading_kernel() -> bool:
+    from perflab.labs import common
+
+    return common.in_grading_kernel()
+
+
+def config_changes(before: Any, after: Any) -> list[str]:
+    """The TrainConfig fields `after` sets differently from `before`: what a measurement of the two
+    compares, whatever the machine's sizes (workers = 4 at home and 1 on the grader is one change)."""
+    return sorted(f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name))
+
+
+def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[], T],
+             encode: Callable[[T], Any], decode: Callable[[Any], T], what: str) -> T:
+    """`measure()` at home, recorded in the cell's output; in the grading kernel, what the notebook's
+    home run recorded for (`kind`, `key`), else `quick()`. `what` names it for the student, in words."""
+    key = json.loads(json.dumps(key))  # the form it takes in the notebook and back
+    if not _grading_kernel():
+        result = measure()
+        entry = {"kind": kind, "key": key, "value": encode(result)}
+        RECORDED.append(entry)
+        _show(entry, f"[{what}: recorded in this output for the grader; save the notebook to keep it]")
+        return result
+    entry = _take(kind, key)
+    if entry is not None:
+        try:
+            result = decode(entry["value"])
+        except (TypeError, ValueError, KeyError, AttributeError):
+            EVENTS.append({"kind": kind, "key": key, "event": "unreadable"})
+        else:
+            EVENTS.append({"kind": kind, "key": key, "event": "replayed"})
+            print(f"[{what}: replayed from your home run; the grade rests on the grader's own re-measurement]")
+            return result
+    EVENTS.append({"kind": kind, "key": key, "event": "quick"})
+    print(f"[{what}: this notebook carries no home measurement of it, so it ran at the smallest budget "
+          f"({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement. Run the notebook, save it, "
+          f"then hand it in]")
+    return quick()
+
+
+def _show(entry: Mapping[str, Any], note: str) -> None:
+    """The entry as an output of the running cell (in a notebook kernel only)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython ships with the kit
+        return
+    if get_ipython() is None:
+        return
+    display({HOMEWORK_MIME: dict(entry), "text/plain": note}, raw=True)
+
+
+def _book() -> list[dict[str, Any]]:
+    """The entries laid beside this notebook by the grader (read once), each to be replayed once."""
+    global _BOOK
+    if _BOOK is None:
+        _BOOK = read_file(Path(os.getcwd()) / HOMEWORK_FILE)
+    return _BOOK
+
+
+def _take(kind: str, key: Any) -> dict[str, Any] | None:
+    for entry in _book():
+        if not entry.get("_used") and entry["kind"] == kind and entry["key"] == key:
+            entry["_used"] = True
+            return entry
+    return None
+
+
+def _entries(values: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"kind": v["kind"], "key": v.get("key"), "value": v.get("value")} for v in values
+            if isinstance(v, Mapping) and isinstance(v.get("kind"), str)]
+
+
+def read_file(path: Path) -> list[dict[str, Any]]:
+    """The entries of a HOMEWORK_FILE; none where it is missing, too large or not a list of entries."""
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            return []
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return _entries(data) if isinstance(data, list) else []
+
+
+def from_notebook(nb: Any) -> list[dict[str, Any]]:
+    """Every entry a notebook's outputs carry, in cell order (what its home run measured)."""
+    found: list[Any] = []
+    for cell in getattr(nb, "cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data") or {}
+            value = data.get(HOMEWORK_MIME) if isinstance(data, Mapping) else None
+            if isinstance(value, str):  # a front end may keep a JSON output as text
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    continue
+            found.append(value)
+    entries = _entries(found)
+    return entries if len(json.dumps(entries)) <= MAX_RECORD_BYTES else []
+
+
+def write_file(entries: list[dict[str, Any]], folder: Path) -> Path:
+    """Lay `entries` beside the notebook the grader runs."""
+    path = Path(folder) / HOMEWORK_FILE
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    return path
+
+
+def reset() -> None:
+    """Forget what this process recorded and read (tests, and a second notebook in one process)."""
+    global _BOOK
+    _BOOK = None
+    RECORDED.clear()
+    EVENTS.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons, as recorded
+
+
+def comparison_value(comparison: Any) -> dict[str, Any]:
+    """A perflab.timing.Comparison as JSON data (its raw block times and how they were taken)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(comparison).items()}
+
+
+def comparison_from(value: Mapping[str, Any]) -> Any:
+    """The Comparison `comparison_value` recorded (its own checks reject malformed times)."""
+    from perflab.timing import Comparison
+
+    fields = {f.name for f in dataclasses.fields(Comparison)}
+    data = {k: v for k, v in value.items() if k in fields}
+    data["a_times"], data["b_times"] = tuple(data["a_times"]), tuple(data["b_times"])
+    data["labels"] = tuple(str(x) for x in data.get("labels", ("A", "B")))
+    return Comparison(**data)

@@ -1,0 +1,171 @@
+"""What a notebook measured at home is carried in its outputs and replayed when graded (perflab.labs.homework):
+grading runs the notebook's decisions as they ran at home without timing them again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from perflab.labs import homework, lab03_figures, lab06, lab06_measure
+from perflab.timing import Comparison
+
+pytestmark = pytest.mark.usefixtures("fresh_homework")
+
+
+@pytest.fixture
+def fresh_homework(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("PERFLAB_GRADER_REMEASURES", raising=False)
+    homework.reset()
+    yield
+    homework.reset()
+
+
+def _grading_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("PERFLAB_GRADER_REMEASURES", "1")
+    homework.reset()
+
+
+def _fake_blocks(monkeypatch: pytest.MonkeyPatch, step_s: dict) -> list:
+    """lab06's timer replaced by fixed step times per configuration: the calls it got, in order."""
+    calls: list = []
+
+    def fake(configs, rounds, block_steps, warmup, desc):
+        calls.append((list(configs), rounds))
+        return [[step_s(c) * (1 + 0.01 * (r % 3)) for r in range(rounds)] for c in configs], "cpu"
+
+    monkeypatch.setattr(lab06_measure, "_timed_blocks", fake)
+    return calls
+
+
+def test_a_screening_measured_at_home_is_replayed_when_graded_and_not_timed_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = lab06.baseline_config("tiny")
+    bf16 = base.replace(amp_dtype="bf16")
+    calls = _fake_blocks(monkeypatch, lambda c: 0.005 if c.amp_dtype else 0.010)
+    at_home = lab06_measure.screen(base, bf16, lab06.sizes("tiny"))
+    assert len(calls) == 1 and homework.RECORDED[0]["kind"] == "lab06.screen"
+    homework.write_file(list(homework.RECORDED), tmp_path)
+
+    _grading_kernel(monkeypatch)
+    graded = lab06_measure.screen(base, bf16, lab06.sizes("tiny"))
+    assert len(calls) == 1, "a recorded screening is not timed again"
+    assert graded == at_home and graded.speedup == pytest.approx(2.0, rel=0.02)
+    assert "replayed from your home run" in capsys.readouterr().out
+    assert homework.EVENTS == [{"kind": "lab06.screen", "key": {"changes": ["amp_dtype"]}, "event": "replayed"}]
+
+
+def test_a_measurement_the_notebook_does_not_carry_runs_at_the_smallest_budget_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    base = lab06.baseline_config("tiny")
+    calls = _fake_blocks(monkeypatch, lambda c: 0.010)
+    _grading_kernel(monkeypatch)
+    comparison = lab06_measure.screen(base, base.replace(channels_last=True), lab06.sizes("tiny"))
+    assert calls[0][1] == homework.QUICK_BLOCKS and comparison.blocks == homework.QUICK_BLOCKS
+    out = capsys.readouterr().out
+    assert "carries no home measurement" in out and "rests on no measurement" in out
+    assert homework.EVENTS[-1]["event"] == "quick"
+
+
+def test_a_record_is_matched_by_what_changes_not_by_this_machines_values(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Workers = 4 on the student's laptop and 1 on the grader are one change; bf16 is another; each
+    record is used once, in the order the calls come."""
+    base = lab06.baseline_config("tiny")
+    calls = _fake_blocks(monkeypatch, lambda c: 0.004 if c.num_workers else 0.010)
+    s = lab06.sizes("tiny")
+    first = lab06_measure.screen(base, base.replace(num_workers=4, persistent_workers=True), s)
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab06_measure.screen(base, base.replace(num_workers=1, persistent_workers=True), s) == first
+    assert len(calls) == 1
+    lab06_measure.screen(base, base.replace(num_workers=1, persistent_workers=True), s)  # used up: timed quickly
+    lab06_measure.screen(base, base.replace(amp_dtype="bf16"), s)  # never measured at home
+    assert [rounds for _, rounds in calls[1:]] == [homework.QUICK_BLOCKS, homework.QUICK_BLOCKS]
+
+
+def test_the_ablation_and_its_leave_one_out_replay_as_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    base = lab06.baseline_config("tiny")
+    loader = base.replace(num_workers=1, persistent_workers=True)
+    both = loader.replace(amp_dtype="bf16")
+    chain = [("baseline", base), ("loader", loader), ("bf16", both)]
+    step = {base: 0.010, loader: 0.008, both: 0.005, base.replace(amp_dtype="bf16"): 0.006}
+    calls = _fake_blocks(monkeypatch, lambda c: step[c])
+    times, left_out = lab06_measure.measure_ablation(chain, leave_out=["loader", "bf16"])
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    replayed_times, replayed_left = lab06_measure.measure_ablation(chain, leave_out=["loader", "bf16"])
+    assert len(calls) == 1 and replayed_times == times and replayed_left == left_out
+    assert replayed_left["loader"].speedup == pytest.approx(6.0 / 5.0, rel=0.02)
+
+
+def test_a_malformed_or_forged_record_is_never_trusted_blindly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Unreadable values, non-positive times, wrong shapes and junk files all fall back to timing."""
+    base = lab06.baseline_config("tiny")
+    calls = _fake_blocks(monkeypatch, lambda c: 0.010)
+    key = {"changes": ["amp_dtype"]}
+    bad = [{"kind": "lab06.screen", "key": key, "value": {"a_times": [1.0], "b_times": [1.0], "block_size": 1}},
+           {"kind": "lab06.screen", "key": key, "value": {"a_times": [1.0, -1.0], "b_times": [1.0, 1.0], "block_size": 1}},
+           {"kind": "lab06.screen", "key": key, "value": "fast"}]
+    homework.write_file(bad, tmp_path)
+    _grading_kernel(monkeypatch)
+    for _ in bad:
+        assert lab06_measure.screen(base, base.replace(amp_dtype="bf16"), lab06.sizes("tiny")).blocks == homework.QUICK_BLOCKS
+    assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick"] * 3
+    assert len(calls) == 3
+    for junk in ("not json", json.dumps({"kind": "x"}), json.dumps([1, "a", None])):
+        (tmp_path / homework.HOMEWORK_FILE).write_text(junk)
+        assert homework.read_file(tmp_path / homework.HOMEWORK_FILE) == []
+
+
+def test_the_comparison_of_precisions_replays_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    recorded = {"bf16": Comparison((0.02, 0.021, 0.02), (0.01, 0.011, 0.01), 1, labels=("fp32", "bf16"))}
+    homework.write_file([{"kind": "lab03.compare_precisions", "key": {"names": ["bf16"]},
+                          "value": {k: homework.comparison_value(c) for k, c in recorded.items()}}], tmp_path)
+    _grading_kernel(monkeypatch)
+    monkeypatch.setattr("perflab.workload.build", lambda *a, **k: pytest.fail("a recorded comparison is not timed"))
+    assert lab03_figures.compare_precisions({"bf16": lab06.baseline_config("tiny")}, mode="tiny") == recorded
+
+
+def test_the_grader_reads_the_record_from_the_notebooks_outputs_in_cell_order() -> None:
+    entry = {"kind": "lab06.screen", "key": {"changes": ["amp_dtype"]}, "value": {"a_times": [1, 2]}}
+    nb = new_notebook(cells=[
+        new_code_cell("x", outputs=[new_output("display_data", data={homework.HOMEWORK_MIME: entry,
+                                                                   "text/plain": "recorded"})]),
+        new_code_cell("y", outputs=[new_output("stream", name="stdout", text="hello"),
+                                    new_output("display_data", data={homework.HOMEWORK_MIME: json.dumps({**entry, "kind": "b"}),
+                                                                     "text/plain": "as text"}),
+                                    new_output("display_data", data={homework.HOMEWORK_MIME: "not json{",
+                                                                     "text/plain": "junk"})])])
+    got = homework.from_notebook(nbformat.from_dict(json.loads(nbformat.writes(nb))))
+    assert [e["kind"] for e in got] == ["lab06.screen", "b"] and got[0]["value"] == entry["value"]
+
+
+def test_a_real_kernel_shows_the_record_as_an_output_the_grader_finds(tmp_path: Path) -> None:
+    """At home the record is a display output of the cell: saved with the notebook, read back by the grader."""
+    from nbclient import NotebookClient
+
+    nb = new_notebook(cells=[new_code_cell(
+        "from perflab.labs import homework\n"
+        "r = homework.measured('k', {'changes': ['a']}, lambda: 3, quick=lambda: 0, encode=lambda v: v,\n"
+        "                      decode=int, what='a test measurement')\n"
+        "print(r)")])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = [o.get("data", {}).get("text/plain", "") for o in nb.cells[0].outputs]
+    assert any("recorded in this output for the grader" in t for t in texts), nb.cells[0].outputs
+    assert homework.from_notebook(nb) == [{"kind": "k", "key": {"changes": ["a"]}, "value": 3}]
+
+
+def test_the_labs_that_decide_from_a_record_are_the_ones_whose_notebooks_call_one() -> None:
+    calls = ("lab06_measure.screen(", "lab06_measure.measure_ablation(", "compare_precisions(")
+    for twin in sorted(Path(__file__).resolve().parents[1].glob("solutions/*/*.py")):
+        lab = twin.parent.name
+        uses = any(c in twin.read_text(encoding="utf-8") for c in calls)
+        assert uses == (lab in homework.LABS), lab
