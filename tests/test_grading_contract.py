@@ -255,6 +255,28 @@ def test_the_students_results_file_gets_the_graders_verdicts_and_stays_valid() -
     assert pipeline.with_grader_verdicts("not json", [verdict]) == "not json"
 
 
+def test_the_students_report_shows_the_graders_figure_beside_the_students_own(tmp_path) -> None:
+    """The student's claimed speedup (with its own CI where the notebook measured it) stays in the graded
+    results file and the report shows it beside the grader's re-measurement and CI."""
+    from perflab import report, results
+
+    doc = results.make("lab03_amp", {
+        "speedups": [{"name": "bf16", "speedup": 1.62, "ci": [1.51, 1.7], "claimed": 1.62, "verdict": "deferred"}],
+        "verification": [{"name": "amp_config", "verdict": "deferred", "reason": "re-measured by the grader",
+                          "claimed": 1.62}]},
+        machine={"device": "cpu", "hardware_class": "cpu-bf16"})
+    verdict = {"name": "amp_config", "verdict": "pass", "speedup": 1.41, "ci": [1.33, 1.48], "reason": "clears",
+               "claimed": 1.62}
+    graded = json.loads(pipeline.with_grader_verdicts(json.dumps(doc), [verdict]))
+    results.validate(graded)
+    assert graded["sections"]["verification"][0]["claimed"] == 1.62
+    path = tmp_path / "lab03_amp.json"
+    path.write_text(json.dumps(graded))
+    page = report.build_report([path]).html
+    row = next(r for r in page.split("<tr") if "amp_config" in r)
+    assert "you measured" in page and "1.62×" in row and "1.51" in row and "1.41×" in row and "1.33" in row, row
+
+
 def test_what_the_verifier_should_show_a_person_is_flagged_and_honest_verdicts_are_not() -> None:
     """A re-measurement that found tampering, or training that left the reference only after the gate
     (work skipped where the gate cannot see), fails and is flagged; an honest fail is not flagged."""

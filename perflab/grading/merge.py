@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import math
 import re
 import shutil
 import warnings
@@ -147,6 +148,9 @@ def with_grader_verdicts(text: str, verdicts: list[dict[str, Any]]) -> str:
         new = {"name": v["name"], "verdict": v.get("verdict"), "reason": v.get("reason") or ""}
         if v.get("speedup") is not None and v.get("ci"):
             new.update(speedup=v["speedup"], ci=list(v["ci"]))
+        claimed = row.get("claimed", v.get("claimed"))
+        if isinstance(claimed, (int, float)) and not isinstance(claimed, bool) and math.isfinite(claimed):
+            new["claimed"] = float(claimed)  # the student's own figure, shown beside the grader's
         if isinstance(v.get("activation_bytes"), dict):  # lab 4: what the checkpoint keeps, re-measured
             new["activation_bytes"] = dict(v["activation_bytes"])
         graded.append(new)

@@ -7,7 +7,7 @@ the network: the CSS is inline, fonts are the reader's own, figures are data: UR
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perflab.report import figures, markdown
@@ -490,15 +490,17 @@ def _verification(b: _Builder) -> tuple[str, str]:
         for item in items:
             for r in item.sections["verification"]:
                 speed = f"{r['speedup']:.2f}×" if isinstance(r.get("speedup"), (int, float)) else "–"
-                rows.append([esc(item.lab), esc(r["name"]), badge(r["verdict"]), speed,
+                rows.append([esc(item.lab), esc(r["name"]), badge(r["verdict"]), esc(_own_figure(item, r)), speed,
                              esc(fmt_ci(r.get("ci"), "×")), esc(r.get("reason", ""))])
         counts: dict[str, int] = {}
         for item in items:
             for r in item.sections["verification"]:
                 counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         out.append("<p>" + " ".join(f"{badge(v)} × {n}" for v, n in sorted(counts.items())) + "</p>")
-        out.append(table(["lab", "check", "verdict", "re-measured", "95% CI", "reason"], rows,
-                         numeric=(3, 4), raw=True))
+        out.append("<p>Each check beside the figure your own notebook measured and claimed: the grader's "
+                   "re-measurement, in a fresh process on its own hardware, is what counts.</p>")
+        out.append(table(["lab", "check", "verdict", "you measured", "re-measured", "95% CI", "reason"], rows,
+                         numeric=(3, 4, 5), raw=True))
     for item in acc:
         a = numeric_items(item.sections["accuracy"])
         if "baseline" in a and "final" in a:
@@ -506,6 +508,20 @@ def _verification(b: _Builder) -> tuple[str, str]:
                        f"{a['baseline']:.1%}, optimised {a['final']:.1%} "
                        f"({100 * (a['final'] - a['baseline']):+.1f} points).</p>")
     return "".join(out), b.source(items or acc)
+
+
+def _own_figure(item: Any, row: Mapping[str, Any]) -> str:
+    """The student's own claimed speedup for a verification row, with the CI of the notebook's own
+    measurement of it where its `speedups` section holds that figure; "–" where none was claimed."""
+    claimed = row.get("claimed")
+    if not isinstance(claimed, (int, float)) or isinstance(claimed, bool):
+        return "–"
+    for own in item.sections.get("speedups") or []:
+        value = own.get("speedup") if isinstance(own, Mapping) else None
+        if isinstance(value, (int, float)) and abs(value - claimed) <= 1e-9 * max(1.0, abs(claimed)):
+            ci = own.get("ci")
+            return f"{claimed:.2f}× [{fmt_ci(ci, '×')}]" if ci else f"{claimed:.2f}×"
+    return f"{claimed:.2f}×"
 
 
 def _analysis(b: _Builder) -> tuple[str, str]:
