@@ -401,6 +401,11 @@ print("prediction written: PREDICT_AMP =", PREDICT_AMP)
 # 20th-percentile times and a bootstrap 95% confidence interval. Beside your figures the cell then
 # prints what mixed precision can give on each kind of hardware (this machine's kind marked) and the
 # bar the grader will hold your `AMP_CONFIG` to on this machine, the dashed line of the plot.
+#
+# The cell also keeps its raw block times in its own output. Hand the notebook in saved, outputs and
+# all: the grader's run of it reads them back instead of timing every setting again, so the decision
+# it grades is the one you made from this measurement (the score itself comes from the grader's own
+# re-measurement of `AMP_CONFIG`). A notebook handed in without them is timed for two blocks only.
 
 # %%
 CANDIDATES = lab03.candidate_configs()
@@ -423,7 +428,8 @@ plt.show()
 #
 # Set `AMP_CONFIG` to the fastest setting your measurements support, as `BASELINE.replace(...)`
 # changing only `amp_dtype` and `channels_last`, and `CLAIM` to its measured speedup. Derive both from
-# `COMPARISONS`, not from numbers typed in: the autograder re-runs this notebook on its own hardware.
+# `COMPARISONS`, not from numbers typed in: the autograder runs this notebook again, with `COMPARISONS`
+# as you measured them, and grades the `AMP_CONFIG` your code derives from them.
 # Choose a setting only if the kit's keep rule keeps it: `common.keep_rule(comparison.ci())` keeps a
 # change when the lower end of its CI lies above `common.KEEP_ABOVE` (measurably faster than FP32), and
 # its `.why` says so in words. Labs 5 and 6 decide with the same rule, and the grader judges a decision it
