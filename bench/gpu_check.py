@@ -198,9 +198,10 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
     fed = base.replace(**{f: getattr(optimized, f) for f in LOADER_FIELDS})
     # Lab 6's reference plan at the full-mode sizes (compile included where its bar says it pays here): its
     # ceiling is the compiled step's, what the course's last lab should reach.
-    from perflab.labs import lab06
+    from perflab.labs.hidden import lab06 as hidden06
 
-    final = lab06.reference_final("tiny" if check.mode == "tiny" else "full").replace(device=check.device, threads=None)
+    final = hidden06.reference_final("tiny" if check.mode == "tiny" else "full").replace(device=check.device,
+                                                                                         threads=None)
     check.doc["profiles"] = {}
     for name, config, n in (("fp32", base, steps[0]), ("fed_fp32", fed, steps[1]), ("optimized", optimized, steps[1]),
                             ("final", final, steps[1])):
@@ -290,11 +291,11 @@ def lab_choices(mode: str) -> dict[str, tuple[Any, Callable[..., Any], Callable[
     from perflab.labs.hidden import lab06 as hidden06
 
     return {
-        lab02.LAB: (lab02, hidden02.judge_best_verified, _observe_plain, lab02.reference_best(mode),
+        lab02.LAB: (lab02, hidden02.judge_best_verified, _observe_plain, hidden02.reference_best(mode),
                     lab02.baseline_config(mode)),
-        lab03.LAB: (lab03, hidden03.judge_verified, _observe_plain, lab03.reference_best(mode),
+        lab03.LAB: (lab03, hidden03.judge_verified, _observe_plain, hidden03.reference_best(mode),
                     lab03.baseline_config(mode)),
-        lab06.LAB: (lab06, hidden06.judge_final_verified, _observe_final, lab06.reference_final(mode),
+        lab06.LAB: (lab06, hidden06.judge_final_verified, _observe_final, hidden06.reference_final(mode),
                     lab06.baseline_config(mode)),
     }
 
@@ -366,7 +367,8 @@ def run_tests(check: Check) -> None:
 # The grading mode (`--grading`, a second call of at most 9 minutes): the demo class through the real
 # pipeline with default flags (the device, the limits and the pool as an instructor's run decides them),
 # lab by lab in this order while the budget lasts, each lab graded alone (lab 6 then starts from the plan
-# of `lab06.reference_decisions`, as a student whose earlier labs are not graded does).
+# of the grader's `reference_decisions`, perflab/labs/hidden/lab06.py, as a student whose earlier labs are
+# not graded does).
 GRADE_LABS = ("lab02_feed", "lab03_amp", "lab06_together", "lab04_memory", "lab05_compile")
 GRADE_STUDENTS = ("reference", "lazy", "cheater")
 # Seconds a lab's grading needs at least to be started (three submissions, each re-measured).

@@ -237,3 +237,42 @@ def test_nbgrader_validate_from_the_kit_root_finds_its_settings(shipped, tmp_pat
                          capture_output=True, text=True, timeout=300)
     assert "Success! Your notebook passes all the tests." in run.stdout, run.stdout + run.stderr
     assert "No nbgrader_config.py" not in run.stdout + run.stderr
+
+
+# The answer key (reference configurations and decisions, calibration pairs) is the grader's: the kit
+# holds each lab's contract only (tests/test_answer_keys.py holds the package in the checkout to it).
+ANSWER_KEYS = ("reference_best", "reference_final", "reference_decisions", "calibration_pair", "plan_changes")
+
+
+def test_no_shipped_file_defines_an_answer_key(shipped):
+    from test_answer_keys import defined_answer_keys
+
+    found = {name: keys for name, data in shipped.items()
+             if name.endswith(".py") and (keys := defined_answer_keys(data.decode("utf-8")))}
+    assert found == {}, f"the student's kit defines answer keys: {found}"
+    defining = [name for name, data in shipped.items() if name.endswith(".py")
+                and re.search(rb"^\s*def (" + "|".join(ANSWER_KEYS).encode() + rb")\(", data, re.M)]
+    assert defining == [], defining
+
+
+def test_in_the_unpacked_kit_a_cell_copying_the_answer_key_fails_and_calibration_says_why(shipped, tmp_path):
+    root = _unpack(shipped, tmp_path)
+    cells = [("BEST = lab02.reference_best()", "AttributeError"),
+             ("FINAL = lab06.reference_final()", "AttributeError"),
+             ("_DECIDED = lab06.reference_decisions(None)", "AttributeError"),
+             ("from perflab.labs.lab03 import reference_best", "ImportError"),
+             ("from perflab.labs.lab06 import calibration_pair", "ImportError"),
+             ("from perflab.labs.hidden import lab06", "ModuleNotFoundError")]
+    code = ("import sys; sys.path.insert(0, '.')\nfrom perflab.labs import lab02, lab03, lab06\n"
+            + "".join(f"try:\n    {cell}\nexcept Exception as exc:\n    print(type(exc).__name__)\nelse:\n"
+                      f"    print('ran')\n" for cell, _ in cells))
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [error for _, error in cells], out.stdout
+    calibrate = ("import sys; sys.path.insert(0, '.')\nfrom perflab.cli import main\n"
+                 "sys.exit(main(['calibrate', '--out', 'bars']))")
+    run = subprocess.run([sys.executable, "-I", "-c", calibrate], cwd=root, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "calibration is the instructor's" in run.stderr and "not in this kit" in run.stderr, run.stderr
+    assert not (root / "bars").exists()

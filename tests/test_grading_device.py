@@ -263,7 +263,9 @@ def test_lab6s_job_carries_the_students_graded_decisions_where_the_notebook_read
 def test_the_plan_without_earlier_results_is_the_one_calibration_times():
     """Graded alone on an H200, the notebook re-entered bf16 without channels_last and no compile, while the
     bar was calibrated on bf16 + channels_last + compile: one function now gives both."""
-    from perflab.labs import lab03, lab06
+    from perflab.labs import lab03
+    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.hidden import lab06 as hidden06
     from perflab.verify.expectations import Expectation
 
     gpu = dataclasses.replace(env.machine_info("cpu"), device="cuda", hardware_class="cuda-simulated")
@@ -275,15 +277,29 @@ def test_the_plan_without_earlier_results_is_the_one_calibration_times():
 
     import unittest.mock as mock
 
-    with mock.patch.object(lab03, "reference_best", lambda mode=None, info=None: answer), \
+    with mock.patch.object(hidden03, "reference_best", lambda mode=None, info=None: answer), \
             mock.patch.object(env, "supports_autocast", lambda device, dtype: True):
-        decided = lab06.reference_decisions(gpu, "grade")
+        decided = hidden06.reference_decisions(gpu, "grade")
         assert decided["precision"] == {"amp_dtype": "bf16", "channels_last": True}
         assert decided["compile_mode"] == "default"
-        final = lab06.reference_final("tiny", gpu, expectations=bar)
+        final = hidden06.reference_final("tiny", gpu, expectations=bar)
     assert (final.amp_dtype, final.channels_last) == ("bf16", True)
     notebook = (Path(__file__).parents[1] / "solutions" / "lab06_together" / "lab06_together.py").read_text()
-    assert "lab06.reference_decisions(INFO)" in notebook  # the notebook's re-entry is that same function
+    # The reference notebook's re-entry is that same function, on the grader's side (its solution region,
+    # which the release strips); the student's copy tells them to enter a missing decision by hand.
+    assert "import perflab.labs.hidden.lab06 as hidden06" in notebook
+    assert "hidden06.reference_decisions(INFO)" in notebook and "lab06.reference_decisions" not in notebook
+    # ... and quotes no hidden test's line: the grader's leak guard would keep no feedback notebook of it.
+    from perflab.grading import feedback
+    from perflab.labs import build
+
+    source = build.read_notebook(build.source_notebook("lab06_together"))
+    guarded = {line for lines in feedback.hidden_lines(source.cells).values() for line in lines}
+    decisions = next(c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "decisions")
+    assert not {line.strip() for line in decisions.source.splitlines()} & guarded
+    assert "enter that lab's decision by hand, from your own\n# measurement in that lab" in notebook
+    released = (Path(__file__).parents[1] / "labs" / "lab06_together" / "lab06_together.ipynb").read_text()
+    assert "reference_decisions" not in released and "enter that lab's decision by hand" in released
 
 
 # ---------------------------------------------------------------------------------------------

@@ -228,9 +228,11 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_reference_best_is_what_calibration_times() -> None:
+    from perflab.labs.hidden import lab02 as hidden02
     from perflab.verify.calibrate import GRADED_IN, REFERENCE_CHANGES, baseline_config
 
-    best = lab02.reference_best("grade")
+    best = hidden02.reference_best("grade")  # the grader's answer key, never the student's contract
+    assert not hasattr(lab02, "reference_best")
     assert lab02.best_problems(best, "grade") == []
     assert GRADED_IN[lab02.EXPECTATION] == lab02.LAB  # calibrated at this lab's grade workload
     assert best == baseline_config("grade", lab=lab02.LAB).replace(threads=lab02.TRAIN_THREADS,

@@ -305,7 +305,9 @@ def test_exported_candidate_trains_like_the_baseline(tiny_data, tmp_path) -> Non
 
 
 def test_calibration_pair_checkpoints_every_stage() -> None:
-    base, cand = lab04.calibration_pair("tiny")
+    from perflab.labs.hidden import lab04 as hidden04
+
+    base, cand = hidden04.calibration_pair("tiny")
     assert cand == base.replace(checkpoint_stages=len(lab04.GRADED_STAGES))
     assert lab04.EXPECTATION.startswith("checkpoint")  # where uncalibrated, verify's known-cost rule applies
 

@@ -250,13 +250,13 @@ def _bars(kinds: dict[str, str]):
 
 
 def test_plan_follows_calibration_and_hardware() -> None:
-    plain = {p.change.name: p for p in lab06.plan_changes(_machine(bf16=False), "tiny", expectations=_bars({}))}
+    plain = {p.change.name: p for p in hidden06.plan_changes(_machine(bf16=False), "tiny", expectations=_bars({}))}
     assert plain["1 loader workers"].action == "try"  # one worker on the core the model leaves free
     assert plain["bf16 autocast"].action == "skip" and "bf16 hardware" in plain["bf16 autocast"].reason
     assert plain["channels_last"].action == "try"
     assert plain["checkpoint every stage"].action == "skip"
     assert plain["torch.compile"].action == "skip" and "lab 5" in plain["torch.compile"].reason
-    amx = {p.change.name: p for p in lab06.plan_changes(
+    amx = {p.change.name: p for p in hidden06.plan_changes(
         _machine(bf16=True), "tiny", memory_needed=True,
         expectations=_bars({"channels_last": "parity", "compile": "gain", "num_workers": "cost"}))}
     # Lab 3's answer on a bf16 CPU is one change (autocast with the layout), held to lab 3's bar.
@@ -265,15 +265,15 @@ def test_plan_follows_calibration_and_hardware() -> None:
     assert amx["1 loader workers"].action == "skip"
     assert amx["checkpoint every stage"].action == "force"
     assert amx["torch.compile"].action == "try"
-    many = lab06.plan_changes(_machine(cores=32), "tiny", expectations=_bars({}))[0].change
+    many = hidden06.plan_changes(_machine(cores=32), "tiny", expectations=_bars({}))[0].change
     assert dict(many.fields)["num_workers"] == 4 and "pin_memory" not in many.fields
 
 
 def test_reference_final_takes_calibrated_gains_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lab06_memory, "needs_checkpointing", lambda config, info=None: False)
     base = lab06.baseline_config("tiny")
-    assert lab06.reference_final("tiny", _machine(), expectations=_bars({})) == base
-    final = lab06.reference_final("tiny", _machine(bf16=True),
+    assert hidden06.reference_final("tiny", _machine(), expectations=_bars({})) == base
+    final = hidden06.reference_final("tiny", _machine(bf16=True),
                                   expectations=_bars({"lab03_amp": "gain", "num_workers": "parity"}))
     assert final == base.replace(amp_dtype="bf16", channels_last=True)
     assert lab06.final_problems(final, mode="tiny") == []
@@ -287,9 +287,9 @@ def test_on_a_gpu_lab_3s_answer_is_kept_where_bare_autocast_is_parity(monkeypatc
     gpu = _machine("cuda", cores=16, gpu_bytes=140 * 2**30)
     bars = _bars({"amp_bf16": "parity", "lab03_amp": "gain", "compile": "gain", "num_workers": "gain",
                   "channels_last": "parity"})
-    plans = {p.change.name: p for p in lab06.plan_changes(gpu, "grade", expectations=bars)}
+    plans = {p.change.name: p for p in hidden06.plan_changes(gpu, "grade", expectations=bars)}
     assert plans["bf16 autocast + channels_last"].action == "try" and "channels_last" not in plans
-    final = lab06.reference_final("grade", gpu, expectations=bars)
+    final = hidden06.reference_final("grade", gpu, expectations=bars)
     assert (final.amp_dtype, final.channels_last, final.compile_mode) == ("bf16", True, "default")
 
 
@@ -506,7 +506,7 @@ def test_the_plan_is_the_students_decisions(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_reference_loader_leaves_the_model_its_own_core() -> None:
     """Never the crowded setting lab 2 showed loses: workers only on the cores TRAIN_THREADS leave free."""
     for cores, workers in ((2, 1), (4, 3), (16, 4), (1, 1)):
-        assert lab06.loader_change(_machine(cores=cores)).fields["num_workers"] == workers
+        assert hidden06.loader_change(_machine(cores=cores)).fields["num_workers"] == workers
     assert lab06.baseline_config("grade").threads == lab06.TRAIN_THREADS == lab06.VERIFY_THREADS
 
 
@@ -610,16 +610,16 @@ def test_a_fed_baseline_keeps_its_loader_in_the_reference_plan(monkeypatch: pyte
 
     fed = {"num_workers": 8, "pin_memory": False, "persistent_workers": True}
     monkeypatch.setattr(env, "baseline_loader", lambda lab, device=None, mode=None: dict(fed))
-    plans = lab06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
+    plans = hidden06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
     assert plans[0].action == "skip" and "loads with 8 workers" in plans[0].reason
-    final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
+    final = hidden06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
     assert final.num_workers == 8
     # Today's fed baseline on a GPU: the training set on the device; no loader change either.
     monkeypatch.setattr(env, "baseline_loader", lambda lab, device=None, mode=None: {"data_on_device": True,
                                                                                     "gpu_augment": True})
-    plans = lab06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
+    plans = hidden06.plan_changes(_machine(cores=16), "tiny", expectations=_bars({"num_workers": "gain"}))
     assert plans[0].action == "skip" and "device memory" in plans[0].reason
-    final = lab06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
+    final = hidden06.reference_final("tiny", _machine(cores=16), expectations=_bars({"num_workers": "gain"}))
     assert final.num_workers == 0 and final.data_on_device
 
 

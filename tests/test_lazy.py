@@ -73,8 +73,8 @@ def test_near_lazy_fails_and_the_reference_passes_where_the_hardware_gains(modul
     bar = load_expectation(_expectation_name(module, base), workload=base)
     if bar.threshold <= 1.0 or env.pick_device().type != "cpu":
         pytest.skip(f"no calibrated CPU gain to grade on this machine ({bar.reason})")
-    reference = {lab02: lambda: lab02.reference_best("grade"), lab03: lambda: base.replace(amp_dtype="bf16"),
-                 lab06: lambda: lab06.reference_final("grade")}[module]()
+    reference = {lab02: lambda: hidden02.reference_best("grade"), lab03: lambda: base.replace(amp_dtype="bf16"),
+                 lab06: lambda: hidden06.reference_final("grade")}[module]()
     assert reference != base
     mark = judge(observe(reference), Context(module.LAB, 0, "grade"))
     assert mark.fraction == 1.0, mark.message

@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perflab.cli import UserError
     from perflab.verify import calibrate, expectations
 
     def show(name: str, i: int, verdict) -> None:  # noqa: ANN001
@@ -37,10 +38,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:14s} run {i + 1}: {verdict.speedup:.3f}x  95% CI [{lo:.3f}, {hi:.3f}]  "
               f"{verdict.pairs} pairs  {verdict.elapsed_seconds:.1f} s", flush=True)
 
-    names = calibrate.available(args.config, args.device)
-    print(f"calibrating {', '.join(names)} at {args.mode} sizes, {args.repeats} runs each", flush=True)
-    path = calibrate.calibrate(args.config, repeats=args.repeats, mode=args.mode, device=args.device,
-                               pairs=args.pairs, out_dir=args.out, on_run=show, add=args.add)
+    try:
+        names = calibrate.available(args.config, args.device)
+        print(f"calibrating {', '.join(names)} at {args.mode} sizes, {args.repeats} runs each", flush=True)
+        path = calibrate.calibrate(args.config, repeats=args.repeats, mode=args.mode, device=args.device,
+                                   pairs=args.pairs, out_dir=args.out, on_run=show, add=args.add)
+    except calibrate.NoGraderSide as exc:  # a student's kit: the labs' reference answers are not in it
+        raise UserError(str(exc)) from None
     doc = expectations.load_file(path)
     print(f"\n{'optimisation':14s} {'reference':>9s} {'low':>7s} {'kind':>8s} {'bar':>6s} calibrations")
     for name, entry in doc["optimisations"].items():

@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from perflab.grading.marks import Mark, Suspicious
@@ -108,20 +109,34 @@ class Context:
 Judge = Callable[[Any, Context], "Mark | None"]
 
 
+# The grader's half of each lab (its judges and its answer key): grader-only, left out of the student
+# bundle and hidden from the grading sandbox.
+HIDDEN_PACKAGE = "perflab.labs.hidden"
+
+
+def hidden_module(lab: str) -> ModuleType | None:
+    """The grader's half of `lab` ("lab06_together" or "lab06"): `perflab.labs.hidden.lab06`, with the
+    lab's judges and its answer key (the reference configurations and decisions, `calibration_pair`);
+    None where this kit has none (a lab without one, or a copy without the grader's side)."""
+    match = LAB_MODULE.match(lab) or re.fullmatch(r"(lab\d\d)", lab)
+    if not match:
+        return None
+    name = f"{HIDDEN_PACKAGE}.{match.group(1)}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (name, HIDDEN_PACKAGE):
+            raise
+        return None
+
+
 def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, Judge] | None:
     """The lab's judges (grader-only), or None when it has none (perflab then refuses to grade it)."""
-    match = LAB_MODULE.match(lab)
-    if match:
-        name = f"perflab.labs.hidden.{match.group(1)}"
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-        else:
-            judges = getattr(module, "JUDGES", None)
-            if judges is not None:
-                return dict(judges)
+    module = hidden_module(lab)
+    if module is not None:
+        judges = getattr(module, "JUDGES", None)
+        if judges is not None:
+            return dict(judges)
     if source_folder is not None and (Path(source_folder) / JUDGES_FILE).is_file():
         path = Path(source_folder) / JUDGES_FILE
         spec = importlib.util.spec_from_file_location(f"perflab_course_judges_{lab}", path)

@@ -39,17 +39,19 @@ The student writes four things in `solutions/lab02_feed` (the notebook); the tes
         (`perflab.labs.predict`).
 
 This module holds what the tests and the grader share: `DataWait`, the sizes of each mode, the
-baseline and the reference calibration times (`reference_best`), small deterministic fixtures
-(`IndexData`, `FakeClock`, `ScriptedBatches`, `scripted_step`), BEST's field rule (`best_problems`) and
-its re-measurement (`verify_best`).
+baseline, small deterministic fixtures (`IndexData`, `FakeClock`, `ScriptedBatches`, `scripted_step`),
+BEST's field rule (`best_problems`) and its re-measurement (`verify_best`): the contract, never the
+answer.
 
 Elsewhere, each importing this module and never imported by it: the checks the visible tests call
 (`loader_problems`, `order_problems`, `check_best`) with their machinery and the grader's cases in
-`perflab.labs.lab02_checks`; the notebook's timing helper `loader_pace` in `perflab.labs.lab02_measure`;
-`PROBES`, what the grader reads from a notebook, in `perflab.labs.lab02_probes` (answered here too: the
-grader looks for it here). The hidden tests' checks (random cases drawn from a seed, AssertionError on
-the first problem) live in the grader-only `perflab/labs/hidden/lab02.py`. Names that moved out of
-this module are answered from their new home (`MOVED`), for a notebook released before.
+`perflab.labs.lab02_checks`; the notebook's timing helper `loader_pace` in
+`perflab.labs.lab02_measure`; `PROBES`, what the grader reads from a notebook, in
+`perflab.labs.lab02_probes` (answered here too: the grader looks for it here). The hidden tests'
+checks (random cases drawn from a seed, AssertionError on the first problem) and the answer key
+(`reference_best`, the loader calibration times) live in the grader-only
+`perflab/labs/hidden/lab02.py`. Names that moved out of this module are answered from their new home
+(`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ from perflab.workload import TrainConfig
 
 LAB = "lab02_feed"
 # The entry of autograder/expectations/<hardware_class>.json that holds this lab's bar: `perflab
-# calibrate` times its reference change (`reference_best`) against the baseline on the grading machine.
+# calibrate` times its reference change (the grader's `reference_best`) against the baseline on the
+# grading machine.
 EXPECTATION = "num_workers"
 # The knobs BEST may change: they change how samples reach the model, never which samples or how
 # they are augmented. `gpu_augment` is left out on purpose: kornia on the device draws other random
@@ -233,13 +236,6 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
     the model on TRAIN_THREADS torch threads."""
     s = sizes(mode)
     return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, threads=TRAIN_THREADS)
-
-
-def reference_best(mode: str | None = None) -> TrainConfig:
-    """The reference loader calibration times against the baseline: the bar a student's BEST is held to."""
-    from perflab.verify.calibrate import REFERENCE_CHANGES
-
-    return baseline_config(mode).replace(**REFERENCE_CHANGES[EXPECTATION])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,18 +39,19 @@ The student writes three things in `solutions/lab03_amp` (the notebook); the tes
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
 baseline, the lab's names for precisions (`DTYPES`, `as_dtype`, `dtype_name`, `make_scaler`), what each
-kind of hardware can give (`HARDWARE_EXPECTATIONS`, `reference_best`, `expectation_name`), AMP_CONFIG's
-field rule (`config_problems`) and its re-measurement (`verify_amp`), and the problems the grader
-draws (`problems_for`, `devices`, the visible seeds).
+kind of hardware can give (`HARDWARE_EXPECTATIONS`, `expectation_name`), AMP_CONFIG's field rule
+(`config_problems`) and its re-measurement (`verify_amp`), and the problems the grader draws
+(`problems_for`, `devices`, the visible seeds): the contract, never the answer.
 
 Elsewhere, each importing this module and never imported by it: the visible checks of amp_train_step
-and AMP_CONFIG with their machinery and tolerances in `perflab.labs.lab03_checks` (`parity_problems`,
-`low_precision_problems`, `scaler_problems`, `check_config`), the census check in
-`perflab.labs.lab03_census` (`census_problems`); what the notebook measures and draws in
+and AMP_CONFIG with their machinery and tolerances in `perflab.labs.lab03_checks`
+(`parity_problems`, `low_precision_problems`, `scaler_problems`, `check_config`), the census check
+in `perflab.labs.lab03_census` (`census_problems`); what the notebook measures and draws in
 `perflab.labs.lab03_figures`; `PROBES`, what the grader reads from a notebook, in
-`perflab.labs.lab03_probes` (answered here too: the grader looks for it here); the judges and the
-reference census in the grader-only `perflab/labs/hidden/lab03.py`. Names that moved out of this module
-are answered from their new home (`MOVED`), for a notebook released before.
+`perflab.labs.lab03_probes` (answered here too: the grader looks for it here); the judges, the
+reference census and the answer key (`reference_best`, the AMP_CONFIG calibration times, and
+`calibration_pair`) in the grader-only `perflab/labs/hidden/lab03.py`. Names that moved out of this
+module are answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ from perflab.workload import TrainConfig
 
 LAB = "lab03_amp"
 # The entry of autograder/expectations/<hardware_class>.json that holds this lab's bar: what
-# `perflab calibrate` measures for this lab's own reference answer (`calibration_pair`: `reference_best`,
-# the precision *and* the layout the device wants) against its baseline. A bare autocast is not the
-# answer everywhere: a bar taken from the bare change let a student who changed nothing pass (the GPU
-# runs in docs/DESIGN.md, "Workloads where the lesson is true", give the figures).
+# `perflab calibrate` measures for this lab's own reference answer (the grader's `calibration_pair`:
+# `reference_best`, the precision *and* the layout the device wants) against its baseline. A bare
+# autocast is not the answer everywhere: a bar taken from the bare change let a student who changed
+# nothing pass (the GPU runs in docs/DESIGN.md, "Workloads where the lesson is true", give the figures).
 EXPECTATION = "lab03_amp"
 # The reference changes of perflab.verify.calibrate.REFERENCE_CHANGES that time one autocast dtype on its
 # own (the figures the lab's tables compare; no longer the lab's bar).
@@ -211,35 +212,10 @@ def candidate_configs(mode: str | None = None, device_type: str | None = None) -
     return out
 
 
-def reference_best(mode: str | None = None, info: env.MachineInfo | None = None) -> TrainConfig:
-    """The reference solution's AMP setting for this machine (what calibration times against the baseline).
-
-    bf16 where the hardware has it (Ampere+ GPUs, AMX or AVX-512-BF16 CPUs), else fp16 on a GPU,
-    always with channels_last on a GPU (tensor-core convolutions want NHWC). On a CPU without bf16
-    hardware it stays FP32: emulated bf16 only adds casts.
-    """
-    info = info or env.machine_info()
-    base = baseline_config(mode)
-    if info.device == "cuda":
-        amp = "bf16" if env.supports_autocast("cuda", torch.bfloat16) else "fp16"
-        return base.replace(amp_dtype=amp, channels_last=True)
-    if info.device == "mps":
-        return base.replace(amp_dtype="fp16")
-    if info.cpu_bf16:
-        return base.replace(amp_dtype="bf16", channels_last=True)
-    return base
-
-
 def expectation_name(device_type: str | None = None) -> str:
     """The calibrated entry AMP_CONFIG is held to: the lab's own reference pair (EXPECTATION) on every
     device (`device_type` is kept for notebooks released when the entry depended on it)."""
     return EXPECTATION
-
-
-def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
-    """(baseline, candidate) that `perflab calibrate` times for EXPECTATION on the grading machine: the
-    reference AMP_CONFIG of this device (`reference_best`) against the lab's baseline."""
-    return baseline_config(mode), reference_best(mode)
 
 
 # ---------------------------------------------------------------------------------------------

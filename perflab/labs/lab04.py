@@ -60,23 +60,23 @@ The graded cost
     checkpointed against the plain baseline, in a fresh interpreter. Checkpointing is expected to
     be SLOWER: the speedup (baseline time / candidate time, below 1) must stay above the bar
     `load_expectation(EXPECTATION)` gives, calibrated on the grading hardware from the reference
-    (`calibration_pair`), or without calibration the conservative cost rule (COST_FLOOR).
+    (the grader's `calibration_pair`), or without calibration the conservative cost rule (COST_FLOOR).
     PREDICT_COST, WHY_COST (PREDICTIONS): written before the cost is measured, the expected speedup
     (a positive number) and one line of why; graded on being there, never on being right
     (`perflab.labs.predict`).
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
-baseline and `calibration_pair`, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`,
-`max_calls`), the models the notebook and the checks use (`plain_cnn`, `resnet18`), the graded
-re-measurement (`export_candidate`, `candidate_source`, `checkpointed_step`, `verify_checkpoint`,
+baseline, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`, `max_calls`), the models the
+notebook and the checks use (`plain_cnn`, `resnet18`), the graded re-measurement
+(`export_candidate`, `candidate_source`, `checkpointed_step`, `verify_checkpoint`,
 `with_saving_checked`, `reference_activation_bytes`: the verify child and the grader import them
 from here), and `PROBES`, what the grader reads from a notebook.
 
 Elsewhere, each importing this module and never imported by it: the memory model and the notebook's
 measurements in `perflab.labs.lab04_measure`; the observation programs, cases and traces in
-`perflab.labs.lab04_checks`; the judges, references and tolerances in the grader-only
-`perflab/labs/hidden/lab04.py`. Names that moved out of this module are answered from their new home
-(`MOVED`), for a notebook released before.
+`perflab.labs.lab04_checks`; the judges, references and tolerances, and the pair calibration times
+(`calibration_pair`), in the grader-only `perflab/labs/hidden/lab04.py`. Names that moved out of
+this module are answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ LAB = "lab04_memory"
 # starts with "checkpoint" so that, uncalibrated, perflab.verify applies its rule for known costs.
 EXPECTATION = "checkpoint_stages"
 STAGES = workload.RESNET_STAGES
-# What the graded candidate checkpoints: every stage, the configuration `calibration_pair` times.
+# What the graded candidate checkpoints: every stage, the configuration the grader's `calibration_pair`
+# times (perflab/labs/hidden/lab04.py).
 GRADED_STAGES = STAGES
 # The optimizer of the memory model: TrainConfig's default "sgd" keeps one momentum buffer.
 OPTIMIZER = "sgd-momentum"
@@ -172,13 +173,6 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
     s = sizes(mode)
     return TrainConfig(data=s.data, batch_size=s.batch_size, image_size=s.image_size,
                        device=str(env.pick_device()), **env.baseline_loader(LAB, mode=s.mode))
-
-
-def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
-    """(baseline, candidate) that `perflab calibrate` times for EXPECTATION: perflab's own
-    checkpointing of every stage (`TrainConfig.checkpoint_stages`) against the plain run."""
-    base = baseline_config(mode)
-    return base, base.replace(checkpoint_stages=len(GRADED_STAGES))
 
 
 # ---------------------------------------------------------------------------------------------

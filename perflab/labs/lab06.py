@@ -47,32 +47,34 @@ The student writes four things in `solutions/lab06_together` (the notebook); the
         prediction, never on being right (`perflab.labs.predict`).
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
-baseline, the changes this hardware can benefit from (`plan_changes`, from the calibration) and the
-reference FINAL calibrated against (`reference_final`, `calibration_pair`), `ratio_ci` (what
-`cumulative_speedups` takes its CIs from), the rules FINAL and its accuracy are held to
-(`final_problems`/`check_final`, `accuracy_tolerance`/`accuracy_problems`/`check_accuracy`), and
-`verify_final`.
+baseline, the plan built from the student's own decisions (`plan_from`, its `Change`s and `Plan`s,
+`without`), `ratio_ci` (what `cumulative_speedups` takes its CIs from), the rules FINAL and its
+accuracy are held to (`final_problems`/`check_final`, `accuracy_tolerance`/`accuracy_problems`/
+`check_accuracy`), and `verify_final`: the contract, never the answer.
 
-Elsewhere, each importing this module and never imported by it: the visible checks of the rows and the
-report (`cumulative_problems`, against the rows stored for the visible example; `check_report`) with
-their machinery and random cases in `perflab.labs.lab06_checks`; what the notebook measures (screening,
-the ablation's block times, accuracy, MFU) in `perflab.labs.lab06_measure`; the analysis and results
-files the report is built from in `perflab.labs.lab06_report`; `PROBES`, what the grader reads from a
-notebook, in `perflab.labs.lab06_probes` (answered here too: the grader looks for it here); the judges
-and reference answers in the grader-only `perflab/labs/hidden/lab06.py`. The memory model, which the
-plan needs, is `perflab.labs.lab06_memory` (it imports nothing of lab 6). Names that moved out of this
-module are answered from their new home (`MOVED`), for a notebook released before.
+Elsewhere, each importing this module and never imported by it: the visible checks of the rows and
+the report (`cumulative_problems`, against the rows stored for the visible example; `check_report`)
+with their machinery and random cases in `perflab.labs.lab06_checks`; what the notebook measures
+(screening, the ablation's block times, accuracy, MFU) in `perflab.labs.lab06_measure`; the analysis
+and results files the report is built from in `perflab.labs.lab06_report`; `PROBES`, what the grader
+reads from a notebook, in `perflab.labs.lab06_probes` (answered here too: the grader looks for it
+here); the judges and reference answers in the grader-only `perflab/labs/hidden/lab06.py`, the
+answer key among them (the changes the calibration says this hardware benefits from, `plan_changes`;
+the reference decisions and FINAL, `reference_decisions` and `reference_final`; `calibration_pair`).
+The memory model, which the plan needs, is `perflab.labs.lab06_memory` (it imports nothing of
+lab 6). Names that moved out of this module are answered from their new home (`MOVED`), for a
+notebook released before.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from perflab import env, stats
-from perflab.labs import lab06_memory, moved
+from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -89,7 +91,7 @@ from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, TrainConfi
 
 LAB = "lab06_together"
 # The entry of autograder/expectations/<hardware_class>.json that holds the bar of FINAL
-# (`calibration_pair` is what `perflab calibrate` times for it).
+# (the grader's `calibration_pair` is what `perflab calibrate` times for it).
 EXPECTATION = "lab06_final"
 # The knobs FINAL may change: how the same samples reach the model and how the same arithmetic runs.
 # Left out on purpose: gpu_augment (kornia draws other random flips and jitters, so losses cannot be
@@ -208,7 +210,8 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# What this hardware can benefit from
+# The ablation's changes (which of them this hardware benefits from is the grader's answer key:
+# `plan_changes` in perflab/labs/hidden/lab06.py)
 
 
 @dataclass(frozen=True)
@@ -233,18 +236,6 @@ class Plan:
     reason: str
 
 
-def loader_change(info: env.MachineInfo) -> Change:
-    """Loader workers on the cores the model's TRAIN_THREADS leave free (at least 1, at most 4), kept alive
-    across epochs; pinned memory on CUDA. Never workers beside torch threads on every core: lab 2 showed
-    that crowded setting gains little or loses."""
-    workers = max(1, min(info.cpu_count - TRAIN_THREADS, 4))
-    fields = {"num_workers": workers, "persistent_workers": True, "prefetch_factor": 2}
-    if info.device == "cuda":
-        fields["pin_memory"] = True
-    name = f"{workers} loader workers" + (", pinned" if info.device == "cuda" else "")
-    return Change(name, fields, "num_workers")
-
-
 def amp_dtype_for(device: str) -> str | None:
     """The autocast dtype this device runs: bf16 where supported (no GradScaler needed), else fp16 on GPUs."""
     if env.supports_autocast(device, AMP_DTYPES["bf16"]):
@@ -252,25 +243,6 @@ def amp_dtype_for(device: str) -> str | None:
     if device in ("cuda", "mps") and env.supports_autocast(device, AMP_DTYPES["fp16"]):
         return "fp16"
     return None
-
-
-def precision_change(info: env.MachineInfo, mode: str | None = None) -> Change | None:
-    """Lab 3's reference answer as one change: its autocast dtype with the layout this device wants, held to
-    lab 3's own calibrated bar (None where no autocast runs). One change, not two: on a GPU bf16 pays with
-    channels_last, not alone (docs/DESIGN.md gives the re-measured figures). Where the reference
-    keeps FP32 (a CPU without bf16 hardware) it is the bare autocast, for the plan to say why it is skipped."""
-    from perflab.labs import lab03
-
-    amp = amp_dtype_for(info.device)
-    if amp is None:
-        return None
-    mode = mode or env.run_mode()
-    answer, base = lab03.reference_best(mode, info), lab03.baseline_config(mode)
-    fields = {f: getattr(answer, f) for f in PRECISION_FIELDS if getattr(answer, f) != getattr(base, f)}
-    if not fields.get("amp_dtype"):
-        fields = {"amp_dtype": amp}
-    name = f"{fields['amp_dtype']} autocast" + (" + channels_last" if fields.get("channels_last") else "")
-    return Change(name, fields, lab03.EXPECTATION)
 
 
 def is_fed(config: TrainConfig) -> bool:
@@ -283,62 +255,6 @@ def fed_text(config: TrainConfig) -> str:
     if config.data_on_device:
         return "its training set is decoded once into device memory"
     return f"it loads with {config.num_workers} workers"
-
-
-def plan_changes(info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False,
-                 expectations: Callable[[str], Any] | None = None) -> list[Plan]:
-    """The ablation's changes in order, each with what to do on this machine and why.
-
-    A change whose calibration on this hardware class found no gain (parity or a cost) is skipped:
-    the calibration already measured it here. Uncalibrated changes are tried where the hardware can
-    give something and kept only if the screening measures a gain. Checkpointing is a cost: it is
-    forced when memory demands it, else skipped. torch.compile of ResNet-18 is tried on CUDA only, or
-    where calibration says it pays (docs/DESIGN.md says what it gave on a small CPU).
-    """
-    from perflab.verify import load_expectation
-
-    mode = mode or env.run_mode()
-    lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
-    plans = []
-
-    def judged(change: Change, hardware_can: bool, why_not: str) -> Plan:
-        bar = lookup(change.expectation)
-        if bar.calibrated and bar.kind == "gain":
-            return Plan(change, "try", f"calibrated on {bar.hardware_class}: a gain ({bar.reason})")
-        if bar.calibrated:
-            return Plan(change, "skip", f"calibrated on {bar.hardware_class}: {bar.kind}, no gain to take")
-        if not hardware_can:
-            return Plan(change, "skip", f"not calibrated here, and {why_not}")
-        return Plan(change, "try", "not calibrated for this workload on this hardware: the screening measures it")
-
-    base = baseline_config(mode)
-    if is_fed(base):  # a GPU's fed baseline (env.baseline_loader): nothing is left for a loader to do
-        plans.append(Plan(loader_change(info), "skip", f"this device's baseline is already fed ({fed_text(base)})"))
-    else:
-        plans.append(judged(loader_change(info), True, ""))
-    precision = precision_change(info, mode)
-    if precision is not None:
-        can = info.device != "cpu" or info.cpu_bf16
-        plans.append(judged(precision, can,
-                            "this CPU has no bf16 hardware (AMX/AVX-512-BF16): autocast is emulated, slower"))
-    if precision is None or "channels_last" not in precision.fields:
-        plans.append(judged(Change("channels_last", {"channels_last": True}, "channels_last"), True, ""))
-    ckpt = Change("checkpoint every stage", {"checkpoint_stages": REFERENCE_CHECKPOINT_STAGES}, "checkpoint")
-    if memory_needed:
-        plans.append(Plan(ckpt, "force", "the baseline's batch does not fit the memory budget without it"))
-    else:
-        plans.append(Plan(ckpt, "skip", "the batch fits in memory: checkpointing would only cost time"))
-    compile_change = Change("torch.compile", {"compile_mode": "default"}, "compile")
-    bar = lookup("compile")
-    if bar.calibrated:
-        plans.append(judged(compile_change, True, ""))
-    elif info.device == "cuda" and mode in ("full", "grade"):
-        plans.append(Plan(compile_change, "try", "not calibrated on this GPU: the screening measures it "
-                                                 "(compilation happens in the warm-up)"))
-    else:
-        plans.append(Plan(compile_change, "skip", f"not calibrated here; on {info.device} in {mode} mode "
-                          "compiling ResNet-18 costs minutes and gains nothing measurable (lab 5)"))
-    return plans
 
 
 # The knobs each earlier lab decided, as lab 6 takes them over: lab 2's loader, lab 3's precision,
@@ -410,45 +326,6 @@ def without(chain: Sequence[tuple[str, TrainConfig]], name: str, mode: str | Non
             config = config.replace(**{f: getattr(after, f) for f in SPEED_FIELDS
                                        if getattr(after, f) != getattr(before, f)})
     return config
-
-
-def reference_decisions(info: env.MachineInfo, mode: str | None = None) -> dict[str, Any]:
-    """What labs 2, 3 and 5 decide on this kind of machine where their results are not beside lab 6, as
-    `plan_from` takes them ({"loader", "precision", "compile_mode"}): the loader on the cores the model's
-    thread leaves free, lab 3's answer (`precision_change`) where the hardware runs it, and compile on a
-    GPU in full or grade mode. The one re-entry of the notebook's `decisions` cell, of `reference_final`
-    and so of calibration: before, the notebook graded alone re-entered bf16 without channels_last and no
-    compile, not the plan lab 6's bar was calibrated on, and lost its re-measured cell on an H200."""
-    mode = mode or env.run_mode()
-    precision = precision_change(info, mode)
-    can = precision is not None and (info.device != "cpu" or info.cpu_bf16)
-    return {"loader": dict(loader_change(info).fields),
-            "precision": dict(precision.fields) if can and precision is not None else {},
-            "compile_mode": "default" if info.device == "cuda" and mode in ("full", "grade") else None}
-
-
-def reference_final(mode: str = "grade", info: env.MachineInfo | None = None,
-                    expectations: Callable[[str], Any] | None = None) -> TrainConfig:
-    """The reference solution's FINAL without screening: the plan of `reference_decisions`, each change
-    kept where the calibration calls it a gain (and checkpointing where memory demands it)."""
-    from perflab.verify import load_expectation
-
-    info = info or env.machine_info()
-    mode = mode or env.run_mode()
-    lookup = expectations or (lambda name: load_expectation(name, info, workload=baseline_config(mode)))
-    config = baseline_config(mode)
-    decided = reference_decisions(info, mode)
-    for plan in plan_from(decided["loader"], decided["precision"], decided["compile_mode"], info, mode,
-                          memory_needed=lab06_memory.needs_checkpointing(config, info)):
-        bar = lookup(plan.change.expectation)
-        if plan.action == "force" or (plan.action == "try" and bar.calibrated and bar.kind == "gain"):
-            config = plan.change.apply(config)
-    return config
-
-
-def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
-    """(baseline, candidate) that `perflab calibrate` times for EXPECTATION on the grading machine."""
-    return baseline_config(mode), reference_final(mode)
 
 
 # ---------------------------------------------------------------------------------------------

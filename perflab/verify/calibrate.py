@@ -3,6 +3,10 @@
 Each named optimisation is a (baseline, candidate) pair of `TrainConfig`s at the mode's sizes, run
 through the same verification protocol the grader uses, `repeats` times. The pooled reference
 speedups set the bar (`expectations.threshold_rule`); nothing here is typed by hand.
+
+A lab's own pair is its reference answer, which lives on the grader's side (`grader_side`: the
+student's kit holds each lab's contract only), so calibration is the instructor's: in a student's kit
+it stops with NoGraderSide, one line (NO_GRADER_SIDE).
 """
 
 from __future__ import annotations
@@ -37,21 +41,55 @@ REFERENCE_CHANGES: dict[str, dict[str, Any]] = {
 }
 
 
-def _lab_modules() -> list[Any]:
-    """The modules of perflab.labs that hold a graded run to a pair of their own: EXPECTATION and
-    `calibration_pair(mode)` (lab 4's checkpointing of every stage, lab 6's final configuration)."""
+# What `perflab calibrate` says where the grader's side is not there (a student's kit).
+NO_GRADER_SIDE = ("calibration is the instructor's: the grader's side of the labs (perflab/labs/hidden, "
+                  "with each lab's reference answer) is not in this kit")
+
+
+class NoGraderSide(LookupError):
+    """The labs' reference pairs live on the grader's side, which this copy of perflab does not hold."""
+
+
+def grader_side(lab: str) -> Any:
+    """The grader's half of lab `lab` ("lab06"), where its answer key lives (`reference_best`,
+    `reference_final`, `calibration_pair`: the student's kit holds the contract only); None for a lab
+    without one. NoGraderSide where this copy has no grader's side at all (a student's kit)."""
+    try:
+        from perflab.grading import judging
+    except ImportError as exc:  # the student bundle leaves the judges out with the answer key
+        if exc.name not in ("perflab.grading", "perflab.grading.judging"):
+            raise
+        raise NoGraderSide(NO_GRADER_SIDE) from exc
+    module = judging.hidden_module(lab)
+    if module is None and judging.hidden_module("lab01") is None:
+        raise NoGraderSide(NO_GRADER_SIDE)
+    return module
+
+
+def _lab_sides() -> list[tuple[Any, Any]]:
+    """(contract, grader's side) of each lab that holds a graded run to a pair of its own: EXPECTATION in
+    the contract (`perflab.labs.labNN`), `calibration_pair(mode)` on the grader's side (lab 4's
+    checkpointing of every stage, lab 3's and lab 6's reference answers)."""
     import importlib
     import pkgutil
+    import re
 
     import perflab.labs
 
     found = []
     for info in sorted(pkgutil.iter_modules(perflab.labs.__path__), key=lambda i: i.name):
-        if info.name.startswith("lab"):
+        if re.fullmatch(r"lab\d\d", info.name):
             module = importlib.import_module(f"perflab.labs.{info.name}")
-            if hasattr(module, "calibration_pair") and hasattr(module, "EXPECTATION"):
-                found.append(module)
+            side = grader_side(info.name)
+            if hasattr(side, "calibration_pair") and hasattr(module, "EXPECTATION"):
+                found.append((module, side))
     return found
+
+
+def _lab_modules() -> list[Any]:
+    """The lab contracts (`perflab.labs.labNN`) whose graded run is held to a pair of their own
+    (`_lab_sides`): their EXPECTATION and baseline_config."""
+    return [module for module, _ in _lab_sides()]
 
 
 # The lab that grades each reference optimisation: it is calibrated at that lab's grade workload
@@ -73,7 +111,7 @@ def lab_names() -> list[str]:
 
 def lab_pairs(mode: str = "grade") -> dict[str, tuple[Any, Any]]:
     """{expectation: (baseline, candidate)} of each lab's own pair at `mode`'s sizes."""
-    return {module.EXPECTATION: module.calibration_pair(mode) for module in _lab_modules()}
+    return {module.EXPECTATION: side.calibration_pair(mode) for module, side in _lab_sides()}
 
 
 def baseline_config(mode: str = "grade", device: str | None = None, lab: str | None = None) -> Any:
@@ -138,13 +176,13 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
             base = baseline_config(mode, device, GRADED_IN.get(name))
             entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run,
                                      stamp=stamp, earlier=kept.get(name))
-    modules = {module.EXPECTATION: module for module in _lab_modules()}
-    for name in [name for name in modules if name in chosen]:  # lab order: lab 6 after the labs it sums
+    sides = {module.EXPECTATION: side for module, side in _lab_sides()}
+    for name in [name for name in sides if name in chosen]:  # lab order: lab 6 after the labs it sums
         # A lab's pair may depend on the bars measured before it (lab 6 adds only calibrated gains, lab 3's
         # answer among them): write them first, and let the lab read them from where they were written.
         _write(path, machine, mode, repeats, pairs, entries, host)
         with _reading_expectations_from(path.parent):
-            pair = modules[name].calibration_pair(mode)
+            pair = sides[name].calibration_pair(mode)
         entries[name] = _measure(name, *pair, repeats, budget, on_run, stamp=stamp, earlier=kept.get(name))
     _write(path, machine, mode, repeats, pairs, entries, host)
     return path

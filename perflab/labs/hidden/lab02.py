@@ -36,6 +36,18 @@ from perflab.workload import TrainConfig
 EXACT = 1e-9
 
 
+# ---------------------------------------------------------------------------------------------
+# The answer key: the reference BEST (the student's kit holds the contract, `perflab.labs.lab02`, only)
+
+
+def reference_best(mode: str | None = None) -> TrainConfig:
+    """The reference loader calibration times against the baseline (`perflab.verify.calibrate`, entry
+    `lab02.EXPECTATION`): the bar a student's BEST is held to."""
+    from perflab.verify.calibrate import REFERENCE_CHANGES
+
+    return lab02.baseline_config(mode).replace(**REFERENCE_CHANGES[lab02.EXPECTATION])
+
+
 def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
     """A solution notebook's hidden block: this cell's probe and judge, in this process."""
     check_here(lab02.LAB, grade_id, namespace, seed)

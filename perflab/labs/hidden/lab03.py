@@ -1,5 +1,6 @@
-"""Lab 03's judges and the reference answers they compare against; grader-only: the student bundle
-and the grading sandbox leave this module out.
+"""Lab 03's judges and the reference answers they compare against, the answer key among them
+(`reference_best`, `calibration_pair`); grader-only: the student bundle and the grading sandbox leave
+this module out.
 
 Each judge in `JUDGES` decides one autograded cell from what the lab's probe
 (`perflab.labs.lab03.PROBES`) returned: it draws the same problems from the grader's seed, computes
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from perflab import env
 from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab03, lab03_census, lab03_checks, predict
@@ -32,6 +34,35 @@ from perflab.workload import TrainConfig
 # The problems of the visible census check (`census_problems(dtype_census, 5, dtype)` on the CPU):
 # the only ones whose expected census CENSUS_FILE stores.
 VISIBLE_CENSUS_CASES: tuple[tuple[int, torch.dtype], ...] = ((5, torch.float32), (5, torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer key: the reference AMP_CONFIG (the student's kit holds the contract, `perflab.labs.lab03`, only)
+
+
+def reference_best(mode: str | None = None, info: env.MachineInfo | None = None) -> TrainConfig:
+    """The reference solution's AMP setting for this machine (what calibration times against the baseline).
+
+    bf16 where the hardware has it (Ampere+ GPUs, AMX or AVX-512-BF16 CPUs), else fp16 on a GPU,
+    always with channels_last on a GPU (tensor-core convolutions want NHWC). On a CPU without bf16
+    hardware it stays FP32: emulated bf16 only adds casts.
+    """
+    info = info or env.machine_info()
+    base = lab03.baseline_config(mode)
+    if info.device == "cuda":
+        amp = "bf16" if env.supports_autocast("cuda", torch.bfloat16) else "fp16"
+        return base.replace(amp_dtype=amp, channels_last=True)
+    if info.device == "mps":
+        return base.replace(amp_dtype="fp16")
+    if info.cpu_bf16:
+        return base.replace(amp_dtype="bf16", channels_last=True)
+    return base
+
+
+def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
+    """(baseline, candidate) that `perflab calibrate` times for `lab03.EXPECTATION` on the grading machine:
+    the reference AMP_CONFIG of this device (`reference_best`) against the lab's baseline."""
+    return lab03.baseline_config(mode), reference_best(mode)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from perflab.labs import lab04, lab04_checks, lab04_measure, predict
 from perflab.labs.lab04 import max_calls
 from perflab.labs.lab04_checks import CheckpointCase, memory_function
 from perflab.labs.lab04_measure import cross_entropy_on, full_batch_grads
+from perflab.workload import TrainConfig
 
 # A correct checkpoint saves what the reference saves; 0.8 leaves room for a wrapper that keeps a
 # little more (an extra view of a stage's input), while a stage split by checkpoint_sequential,
@@ -47,6 +48,17 @@ ACCUM_RTOL = 1e-4
 # other kernels, other rounding (measured: up to 9.4e-6 on ResNet-18 at 32 px, 1 thread against 2),
 # while a wrong checkpoint misses by orders of magnitude more.
 OUTPUT_RTOL, OUTPUT_ATOL = 1e-4, 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference pair calibration times (the student's kit holds the contract, `perflab.labs.lab04`, only)
+
+
+def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
+    """(baseline, candidate) that `perflab calibrate` times for `lab04.EXPECTATION`: perflab's own
+    checkpointing of every stage (`TrainConfig.checkpoint_stages`) against the plain run."""
+    base = lab04.baseline_config(mode)
+    return base, base.replace(checkpoint_stages=len(lab04.GRADED_STAGES))
 
 
 # ---------------------------------------------------------------------------------------------
