@@ -149,7 +149,7 @@ def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | Non
             raise ValueError("ablation record: block times of unequal length or not positive")
         return times, {name: homework.comparison_from(value["left_out"][name]) for name in left_out}
 
-    key = {"names": names, "changes": [homework.config_changes(a, b) for a, b in zip(configs, configs[1:len(chain)])],
+    key = {"names": names, "changes": [homework.config_changes(a, b) for a, b in zip(configs, configs[1:len(chain)], strict=False)],
            "leave_out": list(left_out)}
     return homework.measured("lab06.ablation", key, lambda: timed(s.chain_blocks, warmup),
                              quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=encode, decode=decode,
