@@ -169,3 +169,18 @@ def test_the_labs_that_decide_from_a_record_are_the_ones_whose_notebooks_call_on
         lab = twin.parent.name
         uses = any(c in twin.read_text(encoding="utf-8") for c in calls)
         assert uses == (lab in homework.LABS), lab
+
+
+def test_the_graders_own_accuracy_run_is_never_replayed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A forged accuracy record steers only the notebook: the judge trains both configurations itself."""
+    base = lab06.baseline_config("tiny")
+    final = base.replace(amp_dtype="bf16")
+    forged = {"baseline": 0.5, "final": 0.99, "baseline_loss": 1.0, "final_loss": 0.1, "steps": 4, "n_eval": 10}
+    homework.write_file([{"kind": "lab06.accuracy", "key": {"changes": ["amp_dtype"]}, "value": forged}], tmp_path)
+    _grading_kernel(monkeypatch)
+    trained = []
+    monkeypatch.setattr(lab06_measure, "trained_accuracy", lambda c, n: trained.append(c) or (0.3, 2.0))
+    monkeypatch.setattr("perflab.dataset.load", lambda *a, **k: [0] * 7)
+    assert lab06_measure.measure_accuracy(base, final, 4)["final"] == 0.99 and not trained  # the notebook's copy
+    judged = lab06_measure.accuracy_run(base, final, 4)
+    assert judged["final"] == 0.3 and trained == [base, final] and judged["n_eval"] == 7

@@ -161,6 +161,11 @@ for plan in PLAN:
 # Every change is screened on top of what you kept, not against the baseline: that is the question an
 # engineer actually faces ("does this still help, now that the rest is in?").
 #
+# Each screening, the ablation below and the accuracy run keep their raw figures in their cell's output.
+# Hand the notebook in saved, outputs and all: the grader's run of it reads them back instead of timing
+# your homework again, so the `FINAL` it grades is the one you decided here (its score comes from its own
+# re-measurement of `FINAL`). A notebook handed in without them is timed for two blocks only.
+#
 # Leave behind:
 #
 # * `CHAIN`: `[("baseline", BASELINE)]` followed by `(plan.change.name, config)` for every change

@@ -343,8 +343,8 @@ def judge_accuracy(observed: Any, ctx: Context) -> None:
     problems = lab06.final_problems(final, mode=ctx.mode)
     assert not problems, problems[0]
     s = lab06.sizes(ctx.mode)
-    acc = lab06_measure.measure_accuracy(lab06.baseline_config(ctx.mode), final, s.accuracy_steps,
-                                         image_size=s.accuracy_image_size)
+    acc = lab06_measure.accuracy_run(lab06.baseline_config(ctx.mode), final, s.accuracy_steps,
+                                     image_size=s.accuracy_image_size)
     problems = lab06.accuracy_problems(acc)
     assert not problems, problems[0]
 
