@@ -194,12 +194,29 @@ def course_for(lab: str) -> Path:
 
 
 def graded_solution(lab: str) -> GradedRun:
-    """The lab's solution notebook, autograded in tiny mode (once per session)."""
+    """The lab's solution notebook, autograded in tiny mode (once per session). A lab whose decisions
+    rest on its home measurements (`perflab.labs.homework.LABS`) runs once at home first, as a student
+    hands it in: saved with the outputs that carry them."""
     key = (lab, SOLUTION_STUDENT)
     if key not in _RUNS:
         course = course_for(lab)
-        _RUNS[key] = autograde(course, lab, SOLUTION_STUDENT, build.source_notebook(lab))
+        _RUNS[key] = autograde(course, lab, SOLUTION_STUDENT, run_at_home(lab, build.source_notebook(lab)))
     return _RUNS[key]
+
+
+def run_at_home(lab: str, notebook: Path) -> Path:
+    """`notebook` as the student hands it in: for a lab of `homework.LABS`, executed once in tiny mode
+    in a folder of its own and saved with its outputs (the path of that copy); else unchanged."""
+    import nbformat
+
+    from perflab import demo
+    from perflab.labs import homework
+
+    if lab not in homework.LABS:
+        return notebook
+    folder = _session_root() / "home" / f"{lab}-{notebook.stem}-{len(_RUNS)}"
+    demo.home_run(nbformat.read(notebook, as_version=4), folder, "tiny", name=f"{lab}.ipynb")
+    return folder / f"{lab}.ipynb"
 
 
 def graded_blank(lab: str) -> GradedRun:

@@ -59,7 +59,7 @@ def test_a_screening_measured_at_home_is_replayed_when_graded_and_not_timed_agai
     assert len(calls) == 1, "a recorded screening is not timed again"
     assert graded == at_home and graded.speedup == pytest.approx(2.0, rel=0.02)
     assert "replayed from your home run" in capsys.readouterr().out
-    assert homework.EVENTS == [{"kind": "lab06.screen", "key": {"changes": ["amp_dtype"]}, "event": "replayed"}]
+    assert homework.EVENTS == [{"kind": "lab06.screen", "key": {"changes": ["precision"]}, "event": "replayed"}]
 
 
 def test_a_measurement_the_notebook_does_not_carry_runs_at_the_smallest_budget_and_says_so(
@@ -76,17 +76,18 @@ def test_a_measurement_the_notebook_does_not_carry_runs_at_the_smallest_budget_a
 
 def test_a_record_is_matched_by_what_changes_not_by_this_machines_values(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Workers = 4 on the student's laptop and 1 on the grader are one change; bf16 is another; each
-    record is used once, in the order the calls come."""
+    """Workers = 4 on the student's laptop and 1 with pinned memory on the grader are one change; bf16 is
+    another; each record is used once, in the order the calls come."""
     base = lab06.baseline_config("tiny")
     calls = _fake_blocks(monkeypatch, lambda c: 0.004 if c.num_workers else 0.010)
     s = lab06.sizes("tiny")
     first = lab06_measure.screen(base, base.replace(num_workers=4, persistent_workers=True), s)
     homework.write_file(list(homework.RECORDED), tmp_path)
     _grading_kernel(monkeypatch)
-    assert lab06_measure.screen(base, base.replace(num_workers=1, persistent_workers=True), s) == first
+    grader_loader = base.replace(num_workers=1, persistent_workers=True, pin_memory=True)
+    assert lab06_measure.screen(base, grader_loader, s) == first
     assert len(calls) == 1
-    lab06_measure.screen(base, base.replace(num_workers=1, persistent_workers=True), s)  # used up: timed quickly
+    lab06_measure.screen(base, grader_loader, s)  # used up: timed quickly
     lab06_measure.screen(base, base.replace(amp_dtype="bf16"), s)  # never measured at home
     assert [rounds for _, rounds in calls[1:]] == [homework.QUICK_BLOCKS, homework.QUICK_BLOCKS]
 
@@ -110,7 +111,7 @@ def test_a_malformed_or_forged_record_is_never_trusted_blindly(monkeypatch: pyte
     """Unreadable values, non-positive times, wrong shapes and junk files all fall back to timing."""
     base = lab06.baseline_config("tiny")
     calls = _fake_blocks(monkeypatch, lambda c: 0.010)
-    key = {"changes": ["amp_dtype"]}
+    key = {"changes": ["precision"]}
     bad = [{"kind": "lab06.screen", "key": key, "value": {"a_times": [1.0], "b_times": [1.0], "block_size": 1}},
            {"kind": "lab06.screen", "key": key, "value": {"a_times": [1.0, -1.0], "b_times": [1.0, 1.0], "block_size": 1}},
            {"kind": "lab06.screen", "key": key, "value": "fast"}]
@@ -176,7 +177,7 @@ def test_the_graders_own_accuracy_run_is_never_replayed(monkeypatch: pytest.Monk
     base = lab06.baseline_config("tiny")
     final = base.replace(amp_dtype="bf16")
     forged = {"baseline": 0.5, "final": 0.99, "baseline_loss": 1.0, "final_loss": 0.1, "steps": 4, "n_eval": 10}
-    homework.write_file([{"kind": "lab06.accuracy", "key": {"changes": ["amp_dtype"]}, "value": forged}], tmp_path)
+    homework.write_file([{"kind": "lab06.accuracy", "key": {"changes": ["precision"]}, "value": forged}], tmp_path)
     _grading_kernel(monkeypatch)
     trained = []
     monkeypatch.setattr(lab06_measure, "trained_accuracy", lambda c, n: trained.append(c) or (0.3, 2.0))
@@ -184,3 +185,67 @@ def test_the_graders_own_accuracy_run_is_never_replayed(monkeypatch: pytest.Monk
     assert lab06_measure.measure_accuracy(base, final, 4)["final"] == 0.99 and not trained  # the notebook's copy
     judged = lab06_measure.accuracy_run(base, final, 4)
     assert judged["final"] == 0.3 and trained == [base, final] and judged["n_eval"] == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# A decision its notebook never measured at home earns the re-measurement's points only
+
+
+def _ctx(lab: str, entries) -> object:
+    from perflab.grading.judging import Context
+
+    return Context(lab, 0, "tiny", {}, measured_at_home=None if entries is None else tuple(entries))
+
+
+def test_a_final_typed_in_from_elsewhere_loses_the_decision_and_says_why() -> None:
+    from perflab.labs.hidden import lab06 as hidden06
+
+    base = lab06.baseline_config("tiny")
+    loader = base.replace(num_workers=1, persistent_workers=True)
+    both = loader.replace(amp_dtype="bf16")
+
+    def observed(chain):
+        from perflab.labs import lab06_probes
+
+        return lab06_probes.PROBES["test_final_config"]({"CHAIN": chain, "FINAL": chain[-1][1]}, 0)
+
+    kept = [("baseline", base), ("loader", loader), ("bf16", both)]
+    home = [{"kind": "lab06.ablation", "value": {},
+             "key": {"names": ["baseline", "loader", "bf16"], "changes": [["loader"], ["precision"]], "leave_out": []}}]
+    judge = hidden06.JUDGES["test_final_config"]
+    judge(observed(kept), _ctx(lab06.LAB, home))  # measured at home: its ablation timed this FINAL
+    judge(observed(kept), _ctx(lab06.LAB, None))  # no submission read (a solution checking itself)
+    only_loader = [{**home[0], "key": {**home[0]["key"], "changes": [["loader"]]}}]
+    for entries, says in ((only_loader, r"never measured loader \+ precision at home"),
+                          ([], "carries no measurement from a home run")):
+        with pytest.raises(AssertionError, match=says):
+            judge(observed(kept), _ctx(lab06.LAB, entries))
+    aa = [{"kind": "lab06.ablation", "value": {},
+           "key": {"names": ["baseline", "nothing kept (A/A)"], "changes": [[]], "leave_out": []}}]
+    judge(observed([("baseline", base)]), _ctx(lab06.LAB, aa))  # kept nothing, after measuring
+
+
+def test_an_amp_setting_the_notebook_never_compared_at_home_loses_the_decision(tiny_data) -> None:
+    from perflab.labs import lab03
+    from perflab.labs.hidden import lab03 as hidden03
+
+    base = lab03.baseline_config("tiny")
+    judge = hidden03.JUDGES["test_amp_config"]
+
+    def observed(config):
+        from perflab.labs import lab03_probes
+
+        return lab03_probes.PROBES["test_amp_config"]({"AMP_CONFIG": config, "CLAIM": 1.2}, 0)
+
+    home = [{"kind": "lab03.compare_precisions", "value": {},
+             "key": {"names": ["fp32 channels_last", "bf16", "bf16 channels_last"]}}]
+    for config in (base.replace(amp_dtype="bf16", channels_last=True), base.replace(amp_dtype="bf16"), base):
+        judge(observed(config), _ctx(lab03.LAB, home))
+    only_bf16 = [{**home[0], "key": {"names": ["bf16"]}}]
+    with pytest.raises(AssertionError, match="never measured bf16 with channels_last at home"):
+        judge(observed(base.replace(amp_dtype="bf16", channels_last=True)), _ctx(lab03.LAB, only_bf16))
+    with pytest.raises(AssertionError, match="carries no measurement from a home run"):
+        judge(observed(base), _ctx(lab03.LAB, []))
+    assert hidden03.candidate_knobs("fp32 channels_last") == (None, True)
+    assert [hidden03.candidate_knobs(n) for n in lab03.candidate_configs("tiny")] == \
+        [(c.amp_dtype, c.channels_last) for c in lab03.candidate_configs("tiny").values()]

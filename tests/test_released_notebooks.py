@@ -171,7 +171,7 @@ def test_a_released_notebook_with_todays_answers_grades_as_the_reference(lab: st
     path = course / STUDENT / f"{lab}.ipynb"
     path.parent.mkdir(exist_ok=True)
     nbformat.write(answered(lab), path)
-    run = H.autograde(course, lab, STUDENT, path)
+    run = H.autograde(course, lab, STUDENT, H.run_at_home(lab, path))  # saved after running, as handed in
     reference = H.graded_solution(lab)
     assert not run.errors(), run.errors()
     assert not run.stderr_test_cells(), run.stderr_test_cells()

@@ -60,6 +60,9 @@ class Context:
     program_runner: Callable[[str, float], tuple[int, str]] | None = None
     # The submission's student id (the grader's, never the notebook's): per-student work is drawn from it.
     student: str = ""
+    # What the submitted notebook measured at home (`perflab.labs.homework.from_notebook`), read by the
+    # judges of a decision it rests on; None where no submission was read (a solution checking itself).
+    measured_at_home: tuple[Mapping[str, Any], ...] | None = None
 
     def observed(self, grade_id: str) -> Any:
         """Another cell's observation (a verified cell reads the configuration its lab exported)."""

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str], seed: int, mode: str,
           runners: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None),
-          student: str = "") -> list[CellRow]:
+          student: str = "", measured_at_home: tuple[Any, ...] | None = None) -> list[CellRow]:
     """Every graded cell's row, decided here: autograded cells by the lab's judges from the
     observations, written answers left to a person (0 when left as released)."""
     judges = judging.judges_for(info.lab, tmpl / "source" / info.lab) or {}
@@ -32,7 +32,8 @@ def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str]
     cells_seen = observations.get("cells") if isinstance(observations, dict) else None
     if not isinstance(cells_seen, dict) or observations.get("schema") != harness.OBSERVATIONS_SCHEMA:
         cells_seen = {}
-    ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners, student=student)
+    ctx = judging.Context(info.lab, seed, mode, cells_seen, *runners, student=student,
+                          measured_at_home=measured_at_home)
     answered = manual_answers(result.notebook, tmpl, info)
     rows = []
     for cell in info.cells:

@@ -97,7 +97,8 @@ def grade_one(job: Job, info: LabInfo, tmpl: Path, settings: Settings, *, hide: 
         with _timing_lock(timing_lock), placed(cpus, gpu), env_module.assigned(settings.device), \
                 reading(settings.expectations):
             result = result.replace(cells=tuple(score(info, tmpl, result, present, seed, mode, runners,
-                                                      student=job.student)))
+                                                      student=job.student,
+                                                      measured_at_home=tuple(measured_at_home))))
     return result
 
 

@@ -54,10 +54,21 @@ def _grading_kernel() -> bool:
     return common.in_grading_kernel()
 
 
+# Knobs that make one change together: a loader on a laptop without a GPU pins no memory, the same
+# loader on the grader's GPU does, and it is still the loader the student measured.
+CHANGE_GROUPS = {"num_workers": "loader", "pin_memory": "loader", "persistent_workers": "loader",
+                 "prefetch_factor": "loader", "amp_dtype": "precision", "channels_last": "precision"}
+
+
 def config_changes(before: Any, after: Any) -> list[str]:
-    """The TrainConfig fields `after` sets differently from `before`: what a measurement of the two
-    compares, whatever the machine's sizes (workers = 4 at home and 1 on the grader is one change)."""
+    """The TrainConfig fields `after` sets differently from `before`."""
     return sorted(f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name))
+
+
+def change_groups(before: Any, after: Any) -> list[str]:
+    """What a measurement of `before` against `after` compares, whatever the machine (`CHANGE_GROUPS`:
+    4 loader workers at home and 1 with pinned memory on the grader are one change, "loader")."""
+    return sorted({CHANGE_GROUPS.get(name, name) for name in config_changes(before, after)})
 
 
 def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[], T],
@@ -164,6 +175,24 @@ def reset() -> None:
     _BOOK = None
     RECORDED.clear()
     EVENTS.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Was a decision measured at home? (the judges of lab 3's AMP_CONFIG and lab 6's FINAL ask)
+
+
+def keys_of(entries: Iterable[Mapping[str, Any]] | None, kind: str) -> list[Any]:
+    """The keys of every recorded measurement of `kind`, in order."""
+    return [e.get("key") for e in entries or () if e.get("kind") == kind]
+
+
+def unmeasured_note(what: str, setting: str, entries: Iterable[Mapping[str, Any]]) -> str:
+    """The judge's line for a decision its notebook never measured at home."""
+    carried = "carries no measurement from a home run" if not list(entries) else \
+        f"never measured {setting} at home (its saved outputs hold no measurement of it)"
+    return (f"{what}: this notebook {carried}, so this decision was not made from your own measurement and "
+            "earns nothing here; the grader's re-measurement of it is graded on its own. Run the notebook, "
+            "decide from what it measures, save it (outputs and all), then hand it in")
 
 
 # ---------------------------------------------------------------------------------------------

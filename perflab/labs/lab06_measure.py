@@ -80,7 +80,7 @@ def screen(current: TrainConfig, candidate: TrainConfig, s: LabSizes | None = No
                                  device=str(device), threads=env.set_threads(None), warmup=warm,
                                  quantile=QUANTILE)
 
-    changes = homework.config_changes(current, candidate)
+    changes = homework.change_groups(current, candidate)
     return homework.measured("lab06.screen", {"changes": changes}, lambda: timed(s.screen_blocks, warmup),
                              quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=homework.comparison_value,
                              decode=homework.comparison_from, what=f"screening of {', '.join(changes) or 'nothing'}")
@@ -149,7 +149,7 @@ def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | Non
             raise ValueError("ablation record: block times of unequal length or not positive")
         return times, {name: homework.comparison_from(value["left_out"][name]) for name in left_out}
 
-    key = {"names": names, "changes": [homework.config_changes(a, b) for a, b in zip(configs, configs[1:len(chain)], strict=False)],
+    key = {"names": names, "changes": [homework.change_groups(a, b) for a, b in zip(configs, configs[1:len(chain)], strict=False)],
            "leave_out": list(left_out)}
     return homework.measured("lab06.ablation", key, lambda: timed(s.chain_blocks, warmup),
                              quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=encode, decode=decode,
@@ -177,7 +177,7 @@ def measure_accuracy(baseline: TrainConfig, final: TrainConfig, steps: int,
         out = {k: float(value[k]) for k in ("baseline", "final", "baseline_loss", "final_loss")}
         return {**out, "steps": int(value["steps"]), "n_eval": int(value["n_eval"])}
 
-    return homework.measured("lab06.accuracy", {"changes": homework.config_changes(baseline, final)},
+    return homework.measured("lab06.accuracy", {"changes": homework.change_groups(baseline, final)},
                              lambda: accuracy_run(baseline, final, steps, image_size),
                              quick=lambda: accuracy_run(baseline, final, min(steps, homework.QUICK_STEPS), image_size),
                              encode=dict, decode=decode, what="accuracy run")

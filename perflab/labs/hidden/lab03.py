@@ -215,6 +215,35 @@ def judge_config(observed: Any, ctx: Context) -> None:
     _first(lab03.config_problems(config, ctx.mode) or lab03_checks.config_parity_problems(config, ctx.mode))
     assert _claim(observed) is not None, (f"CLAIM: a positive number (your measured speedup), got "
                                           f"{observed.get('claim')!r}")
+    measured_at_home(config, ctx)
+
+
+def candidate_knobs(name: str) -> tuple[str | None, bool]:
+    """(amp_dtype, channels_last) of a setting named as `lab03.candidate_configs` names them."""
+    words = name.split()
+    dtype = None if words[:1] == ["fp32"] else (words[0] if words else None)
+    return dtype, "channels_last" in words[1:]
+
+
+def measured_at_home(config: TrainConfig, ctx: Context) -> None:
+    """AMP_CONFIG must be a setting the notebook's own comparison measured at home (or the baseline, kept
+    after measuring): a setting typed in from elsewhere earns the re-measurement's points only."""
+    from perflab.labs import homework
+
+    if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests
+        return
+    setting = (config.amp_dtype, config.channels_last)
+    baseline = lab03.baseline_config(ctx.mode)
+    for key in homework.keys_of(ctx.measured_at_home, "lab03.compare_precisions"):
+        names = key.get("names") if isinstance(key, Mapping) else None
+        if not isinstance(names, list):
+            continue
+        if setting == (baseline.amp_dtype, baseline.channels_last):
+            return
+        if any(candidate_knobs(name) == setting for name in names if isinstance(name, str)):
+            return
+    described = f"{config.amp_dtype or 'fp32'}{' with channels_last' if config.channels_last else ''}"
+    raise AssertionError(homework.unmeasured_note("AMP_CONFIG", described, ctx.measured_at_home))
 
 
 def judge_verified(observed: Any, ctx: Context) -> Mark:

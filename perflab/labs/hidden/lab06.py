@@ -290,6 +290,25 @@ def judge_final_config(observed: Any, ctx: Context) -> None:
     chain = [(step.get("name"), config_of(step, f"CHAIN step {step.get('name')!r}")) for step in steps]
     problems = lab06.final_problems(final, chain, ctx.mode)
     assert not problems, problems[0]
+    measured_at_home(final, ctx)
+
+
+def measured_at_home(final: TrainConfig, ctx: Context) -> None:
+    """FINAL must be the configuration an ablation of the notebook's home run timed last (the changes it
+    kept, as groups: the loader, the precision...), or the baseline it timed against itself: a FINAL typed
+    in from elsewhere earns the re-measurement's points only."""
+    from perflab.labs import homework
+
+    if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests
+        return
+    wanted = homework.change_groups(lab06.baseline_config(ctx.mode), final)
+    for key in homework.keys_of(ctx.measured_at_home, "lab06.ablation"):
+        steps = key.get("changes") if isinstance(key, Mapping) else None
+        if isinstance(steps, list) and all(isinstance(step, list) for step in steps) \
+                and sorted({str(group) for step in steps for group in step}) == wanted:
+            return
+    raise AssertionError(homework.unmeasured_note("FINAL", " + ".join(wanted) or "the baseline",
+                                                  ctx.measured_at_home))
 
 
 def judge_cumulative_visible(observed: Any, ctx: Context) -> None:
