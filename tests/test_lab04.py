@@ -46,6 +46,16 @@ def test_results_hold_memory_rows_and_the_verified_cost(tiny_data) -> None:
     largest = sections["largest_batch"]
     assert largest["plain"] == sizes.budget_batch and largest["checkpointed"] > largest["plain"]
     assert sections["accumulation"]["batchnorm_gap_train"] > 100 * sections["accumulation"]["batchnorm_gap_eval"]
+    # The decision, with the budget and the table it was made from; lab 6 reads it back.
+    choice = sections["checkpoint"]
+    assert choice["budget_bytes"] == lab04_measure.activation_budget("tiny")
+    assert choice["activation_bytes"] <= choice["budget_bytes"] < choice["plain_activation_bytes"]
+    assert choice["recompute_flops"] == sum(choice["stage_forward_flops"][name] for name in choice["stages"])
+    assert set(choice["stage_saving_bytes"]) == set(lab04.STAGES) and 0 < len(choice["stages"]) < len(lab04.STAGES)
+    from perflab.labs import lab06_report
+
+    decided = lab06_report.earlier_decisions(run.folder)
+    assert decided["checkpoint"] == tuple(choice["stages"]) and decided["found"][LAB] == f"{LAB}.json"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,6 +390,9 @@ def test_a_function_is_judged_from_its_source_in_a_fresh_process() -> None:
     assert "fresh process" in mark.message, mark.message
     assert "GRAD_RTOL (1e-4 " in lab04.__doc__ and hidden04.GRAD_RTOL == 1e-4
     assert "MIN_SAVING_SHARE (80%)" in lab04.__doc__ and hidden04.MIN_SAVING_SHARE == 0.8
+    assert "CHOICE_COST_RTOL (5%)" in lab04.__doc__ and hidden04.CHOICE_COST_RTOL == 0.05
+    assert "COSTLIER_FIT_SHARE (half)" in lab04.__doc__ and hidden04.COSTLIER_FIT_SHARE == 0.5
+    assert f"ACTIVATION_BUDGET_SHARE ({lab04.ACTIVATION_BUDGET_SHARE:.0%})" in lab04.__doc__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,3 +544,120 @@ def test_on_cuda_the_verification_measures_the_allocator_peak_checkpointing_lowe
                measure_activations=True, hashes=guard.file_hashes())
     peak = lab04.device_peak(v)
     assert peak is not None and peak[1] < peak[0], (v.describe(), v.details.get("cuda_peak_bytes"))
+
+
+# ---------------------------------------------------------------------------------------------
+# CHECKPOINT_CHOICE: which stages fit the budget at the least recomputation, judged by the grader's own
+# measurement (the kit's checkpointing, the graded workload's sizes) and its FLOP count
+
+
+def choice_mark(choice, mode: str = "tiny"):
+    """The decision's mark for `choice`, as the probe sends it, judged at `mode`'s sizes."""
+    from perflab.grading.judging import Context, judge_cell
+    from perflab.grading.probing import run_probes
+
+    observations = run_probes({"checkpoint_choice": lab04.PROBES["checkpoint_choice"]}, {"CHECKPOINT_CHOICE": choice}, 0)
+    return judge_cell("checkpoint_choice", hidden04.JUDGES["checkpoint_choice"], Context(LAB, 0, mode, observations))
+
+
+def reference_choice(mode: str) -> tuple[str, ...]:
+    """The reference notebook's decision at `mode`'s sizes: each stage's saving measured alone (with a correct
+    checkpoint), its forward FLOPs, and the cheapest subset the table says fits, the one keeping less on a tie."""
+    s = lab04.sizes(mode)
+    plain = lab04_measure.memory_model(lab04.resnet18(10), s.memory_image_size)
+    saving = {name: plain.activations(s.batch_size) - lab04_measure.memory_model(
+        good_checkpoint(lab04.resnet18(10), (name,)), s.memory_image_size).activations(s.batch_size)
+        for name in lab04.STAGES}
+    flops = lab04_measure.stage_forward_flops(plain.model, s.batch_size, s.memory_image_size)
+    budget = lab04_measure.activation_budget(mode, plain)
+    fitting = []
+    for mask in range(2 ** len(lab04.STAGES)):
+        stages = tuple(name for i, name in enumerate(lab04.STAGES) if mask >> i & 1)
+        kept = plain.activations(s.batch_size) - sum(saving[name] for name in stages)
+        if kept <= budget:
+            fitting.append((sum(flops[name] for name in stages), kept, stages))
+    return min(fitting)[2]
+
+
+@pytest.mark.parametrize("mode", ["tiny", "grade", "laptop"])
+def test_the_budget_needs_checkpointing_and_every_stage_fits_it_at_each_modes_sizes(mode: str) -> None:
+    table = hidden04.choice_table(mode)
+    s = lab04.sizes(mode)
+    assert (table.batch_size, table.image_size) == (s.batch_size, s.memory_image_size)
+    assert table.budget == lab04_measure.activation_budget(mode) == int(lab04.ACTIVATION_BUDGET_SHARE * table.plain)
+    assert table.activations[()] == table.plain > table.budget, "checkpointing nothing must not fit"
+    assert table.activations[lab04.STAGES] <= table.budget, "checkpointing every stage must fit"
+    least, best = table.cheapest()
+    assert all(0 < len(subset) < len(lab04.STAGES) for subset in best), best
+    assert least < table.cost(lab04.STAGES) / (1 + hidden04.CHOICE_COST_RTOL), "every stage must cost more than needed"
+    # Margins either side, so that a student's table at other sizes ranks the choices as the grader does.
+    assert max(table.activations[subset] for subset in best) <= 0.97 * table.budget
+    cheaper_or_as_cheap = [acts for subset, acts in table.activations.items()
+                           if table.cost(subset) <= least and subset not in best]
+    assert all(acts >= 1.03 * table.budget for acts in cheaper_or_as_cheap)
+    # The judge, called as the grader calls it, at these sizes.
+    assert choice_mark(best[0], mode).fraction == 1.0
+    assert choice_mark(lab04.STAGES, mode).fraction == hidden04.COSTLIER_FIT_SHARE
+    assert choice_mark((), mode).fraction == 0.0
+
+
+@pytest.mark.parametrize("mode", ["tiny", "grade"])
+def test_the_reference_choice_earns_the_decision(mode: str) -> None:
+    choice = reference_choice(mode)
+    assert 0 < len(choice) < len(lab04.STAGES), choice
+    mark = choice_mark(choice, mode)
+    assert mark.fraction == 1.0, mark.message
+    assert choice_mark(list(reversed(choice)), mode).fraction == 1.0, "the order of the names does not matter"
+
+
+def test_every_stage_where_fewer_fit_earns_half_and_says_which_fewer() -> None:
+    mark = choice_mark(tuple(lab04.STAGES))
+    least, best = hidden04.choice_table("tiny").cheapest()
+    assert mark.fraction == hidden04.COSTLIER_FIT_SHARE, mark.message
+    assert "fits the budget" in mark.message and ", ".join(best[0]) in mark.message, mark.message
+    assert "least recomputation" in mark.message, mark.message
+
+
+def test_checkpointing_nothing_where_the_budget_needs_it_earns_nothing() -> None:
+    for choice in ((), ("layer4",), ["layer3", "layer4"]):
+        mark = choice_mark(choice)
+        assert mark.fraction == 0.0 and "does not fit" in mark.message, (choice, mark.message)
+
+
+@pytest.mark.parametrize("choice, match", [
+    ("layer1", r"the string 'layer1', not a tuple.*\('layer1',\)"),
+    (["layer1", "layer9"], r"'layer9' is not a ResNet-18 stage"),
+    ({"layer1", "layer2"}, r"of type set, not a tuple"),
+    (None, r"CHECKPOINT_CHOICE is None"),
+    (("layer1", 2), r"a value of type int is not a ResNet-18 stage"),
+    (("layer1", "layer1"), r"names layer1 more than once"),
+])
+def test_a_malformed_choice_earns_nothing_with_one_readable_line(choice, match: str) -> None:
+    mark = choice_mark(choice)
+    assert mark.fraction == 0.0 and re.search(match, mark.message) and "\n" not in mark.message, mark.message
+    assert lab04.choice_problems(choice), "the notebook's visible check says the same"
+
+
+def test_a_notebook_without_a_choice_earns_nothing() -> None:
+    from perflab.grading.judging import Context, judge_cell
+    from perflab.grading.probing import run_probes
+
+    observations = run_probes({"checkpoint_choice": lab04.PROBES["checkpoint_choice"]}, {}, 0)
+    mark = judge_cell("checkpoint_choice", hidden04.JUDGES["checkpoint_choice"], Context(LAB, 0, "tiny", observations))
+    assert mark.fraction == 0.0 and "CHECKPOINT_CHOICE" in mark.message, mark.message
+
+
+def test_the_cost_of_a_stage_is_its_forward_flops_the_same_at_any_batch() -> None:
+    model = lab04.resnet18(10)
+    one, four = (lab04_measure.stage_forward_flops(model, b, 64) for b in (1, 4))
+    assert set(one) == set(lab04.STAGES) and all(four[name] == 4 * one[name] > 0 for name in lab04.STAGES)
+    assert one["layer1"] > one["layer2"] == one["layer3"] == one["layer4"]  # layer1 keeps its 64 channels at full size
+    with pytest.raises(ValueError, match="layer9"):
+        lab04_measure.stage_forward_flops(model, 1, 64, stages=("layer9",))
+
+
+def test_the_decision_and_the_verified_cost_share_part_5s_points() -> None:
+    points = {H.nbgrader_meta(c)["grade_id"]: H.nbgrader_meta(c).get("points", 0) for c in H.grade_cells(LAB)}
+    assert points["checkpoint_choice"] == 7 and points["checkpoint_cost_verified"] == 6
+    assert points["test_predict_cost"] == 2
+    assert sum(points.values()) == 100

@@ -476,17 +476,19 @@ def test_earlier_decisions_are_read_from_the_sibling_labs_results(tmp_path) -> N
     here = tmp_path / "labs" / LAB
     here.mkdir(parents=True)
     assert lab06_report.earlier_decisions(here) == {
-        "loader": None, "precision": None, "compile_mode": None,
-        "found": {"lab02_feed": None, "lab03_amp": None, "lab05_compile": None}}
+        "loader": None, "precision": None, "checkpoint": None, "compile_mode": None,
+        "found": {"lab02_feed": None, "lab03_amp": None, "lab04_memory": None, "lab05_compile": None}}
     base = TrainConfig(data="tiny", image_size=32, batch_size=8, threads=1)
     for lab, config, sections in (
             ("lab02_feed", base.replace(num_workers=1, persistent_workers=True), {"analysis": "loader"}),
             ("lab03_amp", base.replace(amp_dtype="bf16"), {"analysis": "amp"}),
+            ("lab04_memory", base, {"checkpoint": {"stages": ["layer1", "layer2"], "budget_bytes": 1000}}),
             ("lab05_compile", None, {"compile": {"choice": "max-autotune"}})):
         results_mod.save(tmp_path / "labs" / lab / "results" / f"{lab}.json", lab, sections, config=config)
     got = lab06_report.earlier_decisions(here)
     assert got["loader"] == {"num_workers": 1, "persistent_workers": True}
     assert got["precision"] == {"amp_dtype": "bf16"}
+    assert got["checkpoint"] == ("layer1", "layer2")
     assert got["compile_mode"] == "max-autotune"
     assert all(got["found"].values())
 

@@ -54,6 +54,21 @@ Gradient accumulation
         its own statistics, so its gradient is not the large batch's: the checks use models
         without BatchNorm, or with it in eval mode.
 
+Which stages to checkpoint: the decision
+    The budget: ACTIVATION_BUDGET_SHARE (64%) of the activations the plain ResNet-18 saves in one
+    training step at the lab's sizes (`sizes(mode).batch_size` images of `memory_image_size` px), in
+    bytes `lab04_measure.activation_budget(mode)`: more than checkpointing every stage keeps, less than
+    no checkpointing keeps. The cost of checkpointing a stage is one more forward pass of it in
+    backward: its forward FLOPs (`lab04_measure.stage_forward_flops`), counted, not timed.
+    CHECKPOINT_CHOICE: tuple[str, ...]
+        The stages of STAGES to checkpoint (possibly none), decided from the notebook's own table of
+        what each stage saves alone and what it costs: the step's activations must fit the budget
+        first, at the least recomputation second. The grader measures the activations of the chosen
+        stages with its own correct checkpointing at the graded workload, and counts their cost:
+        full marks where it fits and costs at most CHOICE_COST_RTOL (5%) more than the cheapest
+        choice that fits; COSTLIER_FIT_SHARE (half) where it fits at a higher cost; nothing where it
+        does not fit, or where it is not a tuple or list of stage names (`choice_problems`).
+
 The graded cost
     `export_candidate` writes the student's `checkpoint_stages` into a module that follows the
     `perflab.verify` contract; the grader re-measures a training step with GRADED_STAGES
@@ -66,7 +81,8 @@ The graded cost
     (`perflab.labs.predict`).
 
 This module holds what the notebook, its tests and the grader share: the sizes of each mode, the
-baseline, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`, `max_calls`), the models the
+baseline, the lab's constants (`STAGES`, `GRADED_STAGES`, `MAX_BATCH`, `max_calls`,
+`ACTIVATION_BUDGET_SHARE`, `choice_problems`), the models the
 notebook and the checks use (`plain_cnn`, `resnet18`), the graded re-measurement
 (`export_candidate`, `candidate_source`, `checkpointed_step`, `verify_checkpoint`,
 `with_saving_checked`, `reference_activation_bytes`: the verify child and the grader import them
@@ -114,6 +130,12 @@ OPTIMIZER = "sgd-momentum"
 MIN_MEMORY_IMAGE_SIZE = 64
 # Upper end of the budget search when the caller gives none.
 MAX_BATCH = 4096
+# The activation budget the checkpointing decision must fit, as a share of what the plain step saves at
+# the lab's sizes (`lab04_measure.activation_budget`): checkpointing nothing does not fit, every stage
+# fits, and a proper subset fits for less. What each stage saves is nearly the same share of the plain
+# activations at every batch and image size the modes use, so the decision is the same on every machine
+# (the grader's side says why this value; tests/test_lab04.py holds it at each mode's sizes).
+ACTIVATION_BUDGET_SHARE = 0.64
 # What this lab can promise on each device kind (printed by common.hardware_statement).
 HARDWARE_NOTES = {
     "cuda": "memory is counted two ways: tensors saved for backward (the lab's memory model) and the CUDA "
@@ -128,6 +150,33 @@ HARDWARE_NOTES = {
 def max_calls(answer: int) -> int:
     """Calls `largest_batch` may make when the answer is `answer`: doubling from 1, then bisection."""
     return 2 * math.ceil(math.log2(max(answer, 1) + 1)) + 2
+
+
+def _kind(value: Any) -> str:
+    """The type name of a value, or of the one a probe sent as {"type": name}."""
+    if isinstance(value, dict) and set(value) == {"type"} and isinstance(value["type"], str):
+        return value["type"]
+    return type(value).__name__
+
+
+def choice_problems(choice: Any) -> list[str]:
+    """What is wrong with CHECKPOINT_CHOICE as a tuple (or list) of distinct names of STAGES; [] if nothing.
+    Also reads the grader's copy of it (a probe sends another type as {"type": its name})."""
+    if isinstance(choice, str):
+        return [f"CHECKPOINT_CHOICE is the string {choice!r}, not a tuple of stage names (one stage is "
+                f"written ({choice!r},), with the comma)"]
+    if not isinstance(choice, (list, tuple)):
+        what = "None" if choice is None else f"of type {_kind(choice)}"
+        return [f"CHECKPOINT_CHOICE is {what}, not a tuple of stage names from {', '.join(STAGES)} "
+                "(() to checkpoint none)"]
+    for name in choice:
+        if not isinstance(name, str) or name not in STAGES:
+            shown = repr(name) if isinstance(name, str) else f"a value of type {_kind(name)}"
+            return [f"CHECKPOINT_CHOICE: {shown} is not a ResNet-18 stage ({', '.join(STAGES)})"]
+    twice = sorted({name for name in choice if list(choice).count(name) > 1})
+    if twice:
+        return [f"CHECKPOINT_CHOICE names {', '.join(twice)} more than once"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +435,8 @@ def report(verdict: Any, expectation: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # What the grader reads from a notebook: each function cell's probe exports the function's source,
 # which the grader runs in a fresh sandboxed process (`lab04_checks.observation_program`) and judges
-# (perflab/labs/hidden/lab04.py); the cost cell's probe adds the claimed cost.
+# (perflab/labs/hidden/lab04.py); the cost cell's probe adds the claimed cost, and the decision's
+# probe reads CHECKPOINT_CHOICE as data (the grader measures what it keeps and counts what it costs).
 
 
 def _exported(answers: Any, name: str) -> dict[str, Any]:
@@ -414,6 +464,14 @@ def _probe_cost(answers: Any, seed: int) -> dict[str, Any]:
     return {**_exported(answers, "checkpoint_stages"), "claim": encode(answers.get("CLAIM"))}
 
 
+def _probe_choice(answers: Any, seed: int) -> dict[str, Any]:
+    choice = answers["CHECKPOINT_CHOICE"]
+    if isinstance(choice, (list, tuple)):
+        return {"choice": [name if isinstance(name, str) else {"type": type(name).__name__}
+                           for name in list(choice)[:16]]}
+    return {"choice": choice if choice is None or isinstance(choice, str) else {"type": type(choice).__name__}}
+
+
 def candidate_source(source: str, config: TrainConfig, stages: Sequence[str] = GRADED_STAGES) -> str:
     """A `perflab.verify` candidate module from the source of checkpoint_stages (and what it uses)."""
     return (f"{CANDIDATE_HEADER}\n\n{source}\n\n\nCONFIG = {json.dumps(config.to_dict())!r}\nSTAGES = {tuple(stages)!r}\n\n\n"
@@ -434,6 +492,7 @@ PROBES = {
     "largest_batch_visible": _probe_function("largest_batch"),
     "largest_batch_hidden": _probe_function("largest_batch"),
     "largest_batch_model": _probe_function("largest_batch"),
+    "checkpoint_choice": _probe_choice,
     "checkpoint_cost_verified": _probe_cost,
     "accumulate_visible": _probe_function("accumulate_gradients"),
     "accumulate_hidden": _probe_function("accumulate_gradients"),

@@ -3,7 +3,9 @@
 `memory_model` (a `MemoryModel`: static bytes plus the activations one train-mode forward and loss
 save, memoised per batch size) is the training memory `largest_batch` is judged on; `cross_entropy_on`
 is the loss it includes, `fit_line` the fixed and per-sample bytes of a sweep, and `batchnorm_gap`
-how far accumulated gradients of a BatchNorm model stray from the large batch's. `quiet` keeps library
+how far accumulated gradients of a BatchNorm model stray from the large batch's. The checkpointing
+decision's budget (`activation_budget`) and the cost of checkpointing each stage, its forward FLOPs
+(`stage_forward_flops`), are here too. `quiet` keeps library
 warnings off stderr, where they would fail a graded cell. The notebook, the checks in
 `perflab.labs.lab04_checks` and the grader-only judges use them.
 """
@@ -21,7 +23,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from perflab import memory
-from perflab.counting import restoring_buffers
+from perflab.counting import count_flops, restoring_buffers
+from perflab.labs import lab04
 from perflab.labs.lab04 import MIN_MEMORY_IMAGE_SIZE, OPTIMIZER
 
 
@@ -92,6 +95,37 @@ class MemoryModel:
 def memory_model(model: nn.Module, image_size: int, optimizer: str = OPTIMIZER) -> MemoryModel:
     """The contract's training memory of `model` on square RGB images of `image_size` pixels."""
     return MemoryModel(model, image_size, optimizer)
+
+
+def activation_budget(mode: str | None = None, plain: MemoryModel | None = None) -> int:
+    """The activation budget of lab 4's checkpointing decision in `mode` (default: the mode in force), in
+    bytes: `lab04.ACTIVATION_BUDGET_SHARE` of the activations the plain ResNet-18 saves in one training
+    step of `sizes(mode).batch_size` images of `memory_image_size` px. `plain`: that plain model's memory
+    model, where the caller has one (the notebook's, on its device); else one is built on the CPU."""
+    s = lab04.sizes(mode)
+    if plain is None:
+        plain = memory_model(lab04.resnet18(), s.memory_image_size)
+    elif plain.image_size != s.memory_image_size:
+        raise ValueError(f"plain: measures {plain.image_size} px images; the budget of {s.mode} mode is set at "
+                         f"{s.memory_image_size} px")
+    return int(lab04.ACTIVATION_BUDGET_SHARE * plain.activations(s.batch_size))
+
+
+def stage_forward_flops(model: nn.Module, batch_size: int, image_size: int,
+                        stages: Sequence[str] = lab04.STAGES) -> dict[str, int]:
+    """FLOPs of one forward pass of each of `stages` (direct children of `model`, e.g. a plain ResNet-18's
+    layer1..layer4) on `batch_size` random images of `image_size` px: what checkpointing the stage adds to
+    a training step, its forward run once more in backward. Counted by FlopCounterMode (convolutions and
+    matrix products), so the same on every machine; the model's buffers are left as they were."""
+    device = next(model.parameters()).device
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=torch.Generator().manual_seed(0)).to(device)
+    root = type(model).__name__
+    with torch.no_grad(), quiet():
+        counted = count_flops(model, x)
+    missing = [name for name in stages if f"{root}.{name}" not in counted.forward_by_module]
+    if missing:
+        raise ValueError(f"stages: {', '.join(missing)} ran no counted operation in {root} (not a child of the model?)")
+    return {name: counted.module_forward(f"{root}.{name}") for name in stages}
 
 
 def fit_line(batches: Sequence[int], values: Sequence[float]) -> tuple[float, float]:

@@ -71,24 +71,30 @@ DECISION_LABS = ("lab02_feed", "lab03_amp", "lab05_compile")
 
 
 def earlier_decisions(folder: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """What labs 2, 3 and 5 decided, read from their results files beside this lab (`find_results`):
+    """What labs 2-5 decided, read from their results files beside this lab (`find_results`):
     {"loader": the loader fields lab 2's BEST changed, "precision": the fields lab 3's AMP_CONFIG changed,
-    "compile_mode": lab 5's CHOICE, "found": {lab: file name or None}}. A lab not run yet gives None for
-    its decision: re-enter it by hand."""
+    "checkpoint": the stages of lab 4's CHECKPOINT_CHOICE (a tuple, () for none), "compile_mode": lab 5's
+    CHOICE, "found": {lab: file name or None}}. A lab not run yet (or lab 4's file saved before it recorded
+    its choice) gives None for its decision: re-enter it by hand."""
     from perflab import results
     from perflab.labs.lab06 import LOADER_FIELDS, PRECISION_FIELDS, decided_fields
 
+    checkpoint_lab = "lab04_memory"  # lab 4's decision is memory's, not one lab 6 screens for speed
+    labs = tuple(sorted((*DECISION_LABS, checkpoint_lab)))
     docs = {}
     for path in find_results(folder):
         doc = results.load(path)
-        if doc["lab"] in DECISION_LABS:
+        if doc["lab"] in labs:
             docs[doc["lab"]] = (path, doc)
-    out: dict[str, Any] = {"loader": None, "precision": None, "compile_mode": None,
-                           "found": {lab: docs[lab][0].name if lab in docs else None for lab in DECISION_LABS}}
+    out: dict[str, Any] = {"loader": None, "precision": None, "checkpoint": None, "compile_mode": None,
+                           "found": {lab: docs[lab][0].name if lab in docs else None for lab in labs}}
     if "lab02_feed" in docs:
         out["loader"] = decided_fields(docs["lab02_feed"][1].get("config"), LOADER_FIELDS)
     if "lab03_amp" in docs:
         out["precision"] = decided_fields(docs["lab03_amp"][1].get("config"), PRECISION_FIELDS)
+    if checkpoint_lab in docs:
+        stages = (docs[checkpoint_lab][1]["sections"].get("checkpoint") or {}).get("stages")
+        out["checkpoint"] = tuple(stages) if isinstance(stages, list) else None
     if "lab05_compile" in docs:
         out["compile_mode"] = (docs["lab05_compile"][1]["sections"].get("compile") or {}).get("choice")
     return out

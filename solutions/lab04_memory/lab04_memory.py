@@ -23,9 +23,9 @@
 # | --- | --- | --- | --- |
 # | 1 | where training memory goes: static memory and saved activations | — | — |
 # | 2 | activation memory against batch size, and a linear fit | — | — |
-# | 3 | gradient checkpointing per ResNet stage, BatchNorm handled | `checkpoint_stages` | 25 |
+# | 3 | gradient checkpointing per ResNet stage, BatchNorm handled; which stages fit a budget at the least cost | `checkpoint_stages`, `CHECKPOINT_CHOICE` | 32 |
 # | 4 | the largest batch that fits a memory budget | `largest_batch` | 20 |
-# | 5 | what checkpointing costs: your prediction first, then re-measured by the autograder | `PREDICT_COST`, `WHY_COST` | 15 |
+# | 5 | what checkpointing costs: your prediction first, then re-measured by the autograder | `PREDICT_COST`, `WHY_COST` | 8 |
 # | 6 | gradient accumulation, and the BatchNorm caveat | `accumulate_gradients` | 20 |
 # | — | written analysis (graded by hand) | four answers | 20 |
 #
@@ -40,7 +40,8 @@
 # notebook that they use) and runs it in a fresh process of its own, on models, inputs and budgets
 # it draws at random; it compares what comes out (outputs, gradients, saved bytes, BatchNorm
 # statistics, the batch sizes you tried) with its reference, and re-measures the cost of your
-# checkpointing from the same source. So a function must not rely on an object built elsewhere in
+# checkpointing from the same source. It checks your choice of stages to checkpoint with its own
+# memory measurement. So a function must not rely on an object built elsewhere in
 # the notebook (a tensor, a model): build those inside it. The visible tests help you but earn
 # nothing by themselves; in that run the verification cell only says "deferred". Kernel hooks,
 # patched modules and environment variables change no score, and are flagged for your instructor.
@@ -138,7 +139,7 @@ print(f"activations overtake the static floor at a batch of about {crossing:.0f}
 
 
 # %% [markdown]
-# ## Part 3 — Gradient checkpointing per stage (25 points)
+# ## Part 3 — Gradient checkpointing per stage (32 points)
 #
 # `torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)` runs `fn(x)` *without* keeping what
 # it saves for backward (only `x` is kept); when backward reaches it, it runs `fn(x)` again, this
@@ -264,16 +265,78 @@ hidden04.check("checkpoint_batchnorm", globals())
 
 # %% [markdown]
 # Which stage is worth checkpointing? Each one saves its own activations but keeps its input, and
-# costs one more forward pass of the stage. Measure the saving of each stage alone.
+# costs one more forward pass of the stage. Measure the saving of each stage alone, and count its cost:
+# the FLOPs of one forward pass of the stage (`lab04_measure.stage_forward_flops`, FlopCounterMode as in
+# lab 1), the work its recomputation adds to a step.
 
 # %%
+STAGE_FLOPS = lab04_measure.stage_forward_flops(PLAIN.model, S.batch_size, SIDE)
 stage_rows = []
 for stage in lab04.STAGES:
     alone = checkpoint_stages(workload.build_model(BASELINE, NUM_CLASSES), (stage,))
     acts = lab04_measure.memory_model(alone, SIDE).activations(S.batch_size)
     stage_rows.append((stage, PLAIN.activations(S.batch_size) - acts))
     print(f"checkpoint {stage} alone: saves {memory.format_bytes(stage_rows[-1][1])} at batch {S.batch_size} "
-          f"({stage_rows[-1][1] / PLAIN.activations(S.batch_size):.0%} of the activations)")
+          f"({stage_rows[-1][1] / PLAIN.activations(S.batch_size):.0%} of the activations), "
+          f"recomputes {STAGE_FLOPS[stage] / 1e9:.3f} GFLOP ({STAGE_FLOPS[stage] / sum(STAGE_FLOPS.values()):.0%} "
+          "of the four stages' forward)")
+
+# %% [markdown]
+# ### Which stages to checkpoint: your decision (7 points)
+#
+# Suppose this training step must fit an activation budget: `lab04.ACTIVATION_BUDGET_SHARE` of what the
+# plain step saves for backward at the lab's batch size (`lab04_measure.activation_budget`). The next
+# cell prints it for this machine, in bytes and as that share.
+#
+# Set `CHECKPOINT_CHOICE` to the stages to checkpoint: a tuple of names from `lab04.STAGES`, `()` for
+# none. **Fitting comes first**: with those stages checkpointed, the activations the step keeps must be
+# within the budget. **The least recomputation second**: of the choices that fit, take the one whose
+# stages' forward passes cost the fewest FLOPs, the cost your table counts. Decide it from your table
+# (`stage_rows`, `STAGE_FLOPS`) and `ACTIVATION_BUDGET`, not from names typed in; the test cell after
+# yours measures your choice with the memory model and prints what it keeps beside the budget.
+#
+# The autograder checks your choice with its own measurement: it checkpoints your stages with the kit's
+# own checkpointing, measures the activations a step keeps at the graded workload, and counts the FLOPs
+# their recomputation costs (FLOPs, not seconds: the same on every machine, and exactly the work a
+# recomputed stage repeats). Full marks when your choice fits at the least cost of any choice that fits
+# (within the small tolerance the contract states); half when it fits at a higher cost than needed;
+# nothing when it does not fit.
+
+# %%
+ACTIVATION_BUDGET = lab04_measure.activation_budget(plain=PLAIN)
+print(f"activation budget: {memory.format_bytes(ACTIVATION_BUDGET)}, {lab04.ACTIVATION_BUDGET_SHARE:.0%} of the "
+      f"{memory.format_bytes(PLAIN.activations(S.batch_size))} the plain step saves at batch {S.batch_size}, {SIDE} px")
+
+# %% nbgrader={"grade": false, "grade_id": "checkpoint_choice_decision", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+# Every subset of the stages, each stage's saving from the table (each stage saves its own activations,
+# so savings add up), kept where it fits; the cheapest, the one that keeps less on a tie.
+_saving = dict(stage_rows)
+_plain_acts = PLAIN.activations(S.batch_size)
+_fitting = []  # (recomputed FLOPs, activations kept, stages)
+for _mask in range(2 ** len(lab04.STAGES)):
+    _stages = tuple(name for i, name in enumerate(lab04.STAGES) if _mask >> i & 1)
+    _kept = _plain_acts - sum(_saving[name] for name in _stages)
+    if _kept <= ACTIVATION_BUDGET:
+        _fitting.append((sum(STAGE_FLOPS[name] for name in _stages), _kept, _stages))
+CHECKPOINT_CHOICE = min(_fitting)[2] if _fitting else tuple(lab04.STAGES)
+### END SOLUTION
+print("CHECKPOINT_CHOICE =", CHECKPOINT_CHOICE)
+
+# %% nbgrader={"grade": true, "grade_id": "checkpoint_choice", "locked": true, "points": 7, "schema_version": 3, "solution": false, "task": false}
+# Your choice measured here with your checkpoint_stages; the autograder measures it with its own.
+assert not lab04.choice_problems(CHECKPOINT_CHOICE), lab04.choice_problems(CHECKPOINT_CHOICE)[0]
+chosen = checkpoint_stages(workload.build_model(BASELINE, NUM_CLASSES), tuple(CHECKPOINT_CHOICE))
+CHOICE_ACTIVATIONS = lab04_measure.memory_model(chosen, SIDE).activations(S.batch_size)
+CHOICE_FLOPS = sum(STAGE_FLOPS[name] for name in CHECKPOINT_CHOICE)
+print(f"checkpointing {', '.join(CHECKPOINT_CHOICE) or 'no stage'}: {memory.format_bytes(CHOICE_ACTIVATIONS)} of "
+      f"activations at batch {S.batch_size}, budget {memory.format_bytes(ACTIVATION_BUDGET)}: "
+      f"{'fits' if CHOICE_ACTIVATIONS <= ACTIVATION_BUDGET else 'does NOT fit'}; recomputes "
+      f"{CHOICE_FLOPS / 1e9:.3f} GFLOP")
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab04 as hidden04
+hidden04.check("checkpoint_choice", globals())
+### END HIDDEN TESTS
 
 # %% [markdown]
 # Now the whole picture: training memory against batch size with and without checkpointing every
@@ -431,7 +494,7 @@ LARGEST = {"budget_bytes": int(BUDGET), "plain": fit_plain, "checkpointed": fit_
            "predicted_plain": predicted[False], "predicted_checkpointed": predicted[True]}
 
 # %% [markdown]
-# ## Part 5 — What it costs (15 points)
+# ## Part 5 — What it costs (8 points)
 #
 # Checkpointing every stage runs nearly the whole forward pass twice: once in the forward, once more
 # in backward to rebuild what was not kept. How much slower that makes a *step* depends on what share
@@ -484,7 +547,7 @@ print(predict.beside("checkpointed step against plain", globals().get("PREDICT_C
 base_work.close()
 ckpt_work.close()
 
-# %% nbgrader={"grade": true, "grade_id": "checkpoint_cost_verified", "locked": true, "points": 13, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "checkpoint_cost_verified", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # The autograder's re-measurement: your checkpoint_stages exported, a fresh interpreter, the
 # correctness gate, the activation memory it keeps, interleaved blocks, bootstrap CI, the bar of this hardware.
 CANDIDATE = lab04.export_candidate(common.results_path(LAB).with_name("lab04_candidate.py"), checkpoint_stages,
@@ -653,7 +716,8 @@ print(f"activations alive: one micro-batch of {S.batch_size} {memory.format_byte
 # ## Save your results
 #
 # The results file feeds `perflab report`: memory against batch size with and without checkpointing,
-# the memory budget, the largest batches, the cost with its CI and the autograder's verdict.
+# the memory budget, the largest batches, the cost with its CI and the autograder's verdict. Your
+# `CHECKPOINT_CHOICE` goes in it too, with the budget and your table: lab 6 reads it from there.
 
 # %% nbgrader={"grade": false, "grade_id": "save-results", "locked": true, "schema_version": 3, "solution": false, "task": false}
 path = common.save_results(LAB, {
@@ -663,6 +727,12 @@ path = common.save_results(LAB, {
     "speedups": [{**COMPARISON.as_speedup("checkpoint every stage"), "claimed": CLAIM}],
     "verification": [VERDICT.to_row(lab04.EXPECTATION)],
     "accumulation": {"batchnorm_gap_train": BN_GAP["train"], "batchnorm_gap_eval": BN_GAP["eval"]},
+    "checkpoint": {"stages": list(CHECKPOINT_CHOICE), "budget_bytes": int(ACTIVATION_BUDGET),
+                   "budget_share": lab04.ACTIVATION_BUDGET_SHARE, "batch_size": S.batch_size, "image_size": SIDE,
+                   "plain_activation_bytes": int(PLAIN.activations(S.batch_size)),
+                   "activation_bytes": int(CHOICE_ACTIVATIONS), "recompute_flops": int(CHOICE_FLOPS),
+                   "stage_saving_bytes": {name: int(saving) for name, saving in stage_rows},
+                   "stage_forward_flops": {name: int(n) for name, n in STAGE_FLOPS.items()}},
 }, config=BASELINE)
 print(f"saved {path}")
 

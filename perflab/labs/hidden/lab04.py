@@ -5,7 +5,9 @@ The contract the judges enforce is stated in `perflab.labs.lab04`. The student's
 judged from what they do on inputs drawn from the grader's seed: each probe exports a function's
 source, `observe` runs it in a fresh sandboxed program (`Context.run_program`, once per function and
 seed), and the judges below compare the numbers it prints (outputs, gradient projections, saved
-bytes, BatchNorm state, the batch sizes tried) with the reference computed here. The cost of
+bytes, BatchNorm state, the batch sizes tried) with the reference computed here. The decision
+CHECKPOINT_CHOICE is data: the grader measures the activations of the chosen stages with its own
+checkpointing at the graded workload and counts their recomputed FLOPs (`choice_table`). The cost of
 checkpointing is re-measured from the same source by `perflab.verify` (`Context.verify_module`). A
 solution notebook's hidden blocks run probe and judge in-process with `check(grade_id, globals())`.
 """
@@ -18,6 +20,7 @@ import json
 import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -345,6 +348,104 @@ def judge_cost(observed: Any, ctx: Context) -> Mark:
 
 
 # ---------------------------------------------------------------------------------------------
+# CHECKPOINT_CHOICE: which stages to checkpoint under the budget
+
+# Why lab04.ACTIVATION_BUDGET_SHARE is 0.64 (measured with this module's checkpointing, ResNet-18 at 64 px,
+# batches 8 to 128, and at 96 to 224 px within 0.2 points): alone, layer1 saves 25% of the plain step's
+# activations, layer2 14%, layer3 7%, layer4 4%, and the savings add up; layer1 recomputes 1.125 times the
+# forward FLOPs of each other stage. Every stage keeps 49%: it fits. Layer1 with layer2 keeps 60%, the
+# cheapest choice that fits; layer1 with layer3, as cheap, keeps 67% and does not; no cheaper choice
+# keeps less than 75%. 0.64 sits midway between 60% and 67%, so a student's table at any mode's sizes
+# ranks the choices as the grader's measurement does.
+# A choice that fits earns full marks when it recomputes at most this share more than the cheapest choice
+# that fits. FLOPs are counted exactly; the slack only spares a student whose own table ranked two stages
+# of nearly equal cost the other way.
+CHOICE_COST_RTOL = 0.05
+# The share of the decision's points a choice earns that fits the budget at a higher cost than needed
+# (every stage, where fewer fit).
+COSTLIER_FIT_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ChoiceTable:
+    """Every subset of lab04.STAGES at one workload, measured by the grader: the activations one training
+    step keeps with the subset checkpointed by the kit's own correct checkpointing (`_reference_checkpoint`),
+    the budget, and each stage's forward FLOPs (what checkpointing it recomputes)."""
+
+    batch_size: int
+    image_size: int
+    budget: int
+    plain: int
+    activations: Mapping[tuple[str, ...], int]
+    flops: Mapping[str, int]
+
+    def cost(self, stages: Sequence[str]) -> int:
+        return sum(self.flops[name] for name in stages)
+
+    def fitting(self) -> list[tuple[str, ...]]:
+        return [subset for subset, acts in self.activations.items() if acts <= self.budget]
+
+    def cheapest(self) -> tuple[int, list[tuple[str, ...]]]:
+        """(least cost of a subset that fits, the subsets that fit at that cost)."""
+        fits = self.fitting()
+        least = min(self.cost(subset) for subset in fits)
+        return least, [subset for subset in fits if self.cost(subset) == least]
+
+
+_CHOICE_TABLES: dict[tuple[int, int], ChoiceTable] = {}
+
+
+def choice_table(mode: str) -> ChoiceTable:
+    """The grader's measurement of every choice at `mode`'s sizes (memoised per workload: sixteen forward
+    passes of ResNet-18, on the CPU, where the bytes a step saves depend on shapes only)."""
+    s = lab04.sizes(mode)
+    key = (s.batch_size, s.memory_image_size)
+    if key not in _CHOICE_TABLES:
+        base = lab04.resnet18()
+        plain = lab04_measure.memory_model(base, s.memory_image_size)
+        activations = {}
+        for mask in range(2 ** len(lab04.STAGES)):
+            subset = tuple(name for i, name in enumerate(lab04.STAGES) if mask >> i & 1)
+            model = _reference_checkpoint(copy.deepcopy(base), subset)
+            activations[subset] = lab04_measure.memory_model(model, s.memory_image_size).activations(s.batch_size)
+        _CHOICE_TABLES[key] = ChoiceTable(
+            s.batch_size, s.memory_image_size, lab04_measure.activation_budget(mode, plain),
+            plain.activations(s.batch_size), activations,
+            lab04_measure.stage_forward_flops(base, s.batch_size, s.memory_image_size))
+    return _CHOICE_TABLES[key]
+
+
+def _stages_text(stages: Sequence[str]) -> str:
+    return ", ".join(stages) if stages else "no stage"
+
+
+def judge_checkpoint_choice(observed: Any, ctx: Context) -> Mark | None:
+    """CHECKPOINT_CHOICE, measured at the graded workload: it must fit the budget (else 0), at the least
+    recomputation within CHOICE_COST_RTOL (else COSTLIER_FIT_SHARE)."""
+    assert isinstance(observed, dict) and "choice" in observed, "CHECKPOINT_CHOICE could not be read from the notebook"
+    choice = observed["choice"]
+    problems = lab04.choice_problems(choice)
+    assert not problems, problems[0]
+    stages = tuple(name for name in lab04.STAGES if name in choice)
+    table = choice_table(ctx.mode)
+    kept = table.activations[stages]
+    where = (f"at the graded workload (batch {table.batch_size}, {table.image_size} px) the grader measured "
+             f"{memory.format_bytes(kept)} of activations with {_stages_text(stages)} checkpointed "
+             f"({kept / table.plain:.0%} of the plain step's {memory.format_bytes(table.plain)})")
+    assert kept <= table.budget, (
+        f"{where}: over the budget of {memory.format_bytes(table.budget)} "
+        f"({lab04.ACTIVATION_BUDGET_SHARE:.0%}): this choice does not fit")
+    least, best = table.cheapest()
+    cost = table.cost(stages)
+    if cost <= (1 + CHOICE_COST_RTOL) * least:
+        return None
+    return Mark(COSTLIER_FIT_SHARE, (
+        f"{where}: it fits the budget of {memory.format_bytes(table.budget)}, but recomputes "
+        f"{cost / 1e9:.2f} GFLOP in backward, where checkpointing {_stages_text(best[0])} also fits and recomputes "
+        f"{least / 1e9:.2f} GFLOP: fitting comes first, the least recomputation second"))
+
+
+# ---------------------------------------------------------------------------------------------
 # largest_batch
 
 def _search(got: Any, case: Mapping[str, Any], where: str) -> None:
@@ -451,6 +552,7 @@ JUDGES = {
     "largest_batch_visible": judge_largest_batch_visible,
     "largest_batch_hidden": judge_largest_batch_hidden,
     "largest_batch_model": judge_largest_batch_model,
+    "checkpoint_choice": judge_checkpoint_choice,
     "checkpoint_cost_verified": judge_cost,
     "accumulate_visible": judge_accumulate_visible,
     "accumulate_hidden": judge_accumulate_hidden,
