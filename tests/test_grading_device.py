@@ -239,6 +239,7 @@ def test_lab6s_job_carries_the_students_graded_decisions_where_the_notebook_read
     course = tmp_path / "course"
     graded = {"lab02_feed": (TrainConfig(num_workers=1, persistent_workers=True, prefetch_factor=2), {}),
               "lab03_amp": (TrainConfig(amp_dtype="bf16", channels_last=True), {}),
+              "lab04_memory": (None, {"checkpoint": {"stages": ["layer1", "layer2"]}}),
               "lab05_compile": (None, {"compile": {"choice": "default"}})}
     for lab, (config, sections) in graded.items():
         results.save(course / "autograded" / "ann" / lab / "results" / f"{lab}.json", lab, sections, config=config)
@@ -256,7 +257,7 @@ def test_lab6s_job_carries_the_students_graded_decisions_where_the_notebook_read
     found = lab06_report.earlier_decisions(work / "notebook")  # where the notebook runs
     assert found["loader"] == {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}
     assert found["precision"] == {"amp_dtype": "bf16", "channels_last": True}
-    assert found["compile_mode"] == "default"
+    assert found["compile_mode"] == "default" and found["checkpoint"] == ("layer1", "layer2")
     assert json.loads((work / "job.json").read_text())["device"] == "cpu"
 
 

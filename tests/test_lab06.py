@@ -505,6 +505,22 @@ def test_the_plan_is_the_students_decisions(monkeypatch: pytest.MonkeyPatch) -> 
     assert lab06.plan_from(None, None, "default", info)[-1].action == "try"
 
 
+def test_lab4s_choice_is_what_goes_in_when_memory_demands_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_MODE", "tiny")
+    info = _machine(bf16=True)
+    assert [lab06.checkpoint_stages_for(c) for c in ((), ("layer1",), ("layer1", "layer2"), ("layer3",), None)] == \
+        [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="CHECKPOINT: 'conv1' is not a stage"):
+        lab06.checkpoint_stages_for(("conv1",))
+    forced = lab06.plan_from({}, {}, None, info, memory_needed=True, checkpoint=("layer1", "layer2"))[2]
+    assert forced.action == "force" and dict(forced.change.fields) == {"checkpoint_stages": 2}
+    assert "your lab 4 choice (layer1, layer2)" in forced.change.name
+    none = lab06.plan_from({}, {}, None, info, memory_needed=True, checkpoint=())[2]
+    assert none.action == "skip" and "lab 4 chose no stage" in none.reason
+    fits = lab06.plan_from({}, {}, None, info, memory_needed=False, checkpoint=("layer1",))[2]
+    assert fits.action == "skip"
+
+
 def test_the_reference_loader_leaves_the_model_its_own_core() -> None:
     """Never the crowded setting lab 2 showed loses: workers only on the cores TRAIN_THREADS leave free."""
     for cores, workers in ((2, 1), (4, 3), (16, 4), (1, 1)):

@@ -289,7 +289,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
 
 # The labs that start from a student's earlier labs, and which: lab 6 takes over the decisions of labs 2, 3
 # and 5 from their results files (`lab06_report.earlier_decisions`).
-STARTS_FROM: dict[str, tuple[str, ...]] = {lab06.LAB: lab06_report.DECISION_LABS}
+STARTS_FROM: dict[str, tuple[str, ...]] = {lab06.LAB: tuple(sorted((*lab06_report.DECISION_LABS, "lab04_memory")))}
 # A graded results file larger than this is not handed on (an honest lab's is a few tens of kB).
 EARLIER_RESULTS_CAP_BYTES = 4 * 1024 * 1024
 

@@ -87,7 +87,7 @@ from perflab.labs.common import (  # noqa: F401
 )
 from perflab.verify.decide import QUANTILE
 from perflab.verify.protocol import VERIFY_THREADS
-from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, TrainConfig
+from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, RESNET_STAGES, TrainConfig
 
 LAB = "lab06_together"
 # The entry of autograder/expectations/<hardware_class>.json that holds the bar of FINAL
@@ -273,15 +273,29 @@ def decided_fields(config: Any, fields: Sequence[str]) -> dict[str, Any]:
     return {f: data[f] for f in fields if f in data and data[f] != plain[f]}
 
 
+def checkpoint_stages_for(choice: Sequence[str] | None) -> int:
+    """`TrainConfig.checkpoint_stages` (the first N ResNet stages) for lab 4's CHECKPOINT_CHOICE: the
+    fewest leading stages that hold every chosen one (every stage where the choice is None: lab 4 not
+    decided here)."""
+    if choice is None:
+        return REFERENCE_CHECKPOINT_STAGES
+    unknown = [name for name in choice if name not in RESNET_STAGES]
+    if unknown:
+        raise ValueError(f"CHECKPOINT: {unknown[0]!r} is not a stage of ResNet-18 ({', '.join(RESNET_STAGES)})")
+    return max((RESNET_STAGES.index(name) + 1 for name in choice), default=0)
+
+
 def plan_from(loader: Mapping[str, Any] | None, precision: Mapping[str, Any] | None, compile_mode: str | None,
-              info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False) -> list[Plan]:
-    """The ablation's changes from the student's own decisions in labs 2, 3 and 5, in that order.
+              info: env.MachineInfo, mode: str | None = None, *, memory_needed: bool = False,
+              checkpoint: Sequence[str] | None = None) -> list[Plan]:
+    """The ablation's changes from the student's own decisions in labs 2-5, in that order.
 
     `loader`: the loader fields lab 2's BEST changed ({} or None: it kept no workers); `precision`: the
-    fields lab 3's AMP_CONFIG changed; `compile_mode`: lab 5's CHOICE (None: do not compile). Each decision
-    that changed something is tried (screened on top of what is kept); one that changed nothing is
-    skipped, since that lab's own measurement found nothing to gain. Checkpointing is a cost: forced when
-    memory demands it, else skipped.
+    fields lab 3's AMP_CONFIG changed; `checkpoint`: lab 4's CHECKPOINT_CHOICE, the stages that fit its
+    memory budget at the least recomputation (None: every stage); `compile_mode`: lab 5's CHOICE (None: do
+    not compile). Each decision that changed something is tried (screened on top of what is kept); one that
+    changed nothing is skipped, since that lab's own measurement found nothing to gain. Checkpointing is a
+    cost: lab 4's choice is forced when memory demands it, else skipped.
     """
     base = baseline_config(mode)
     plans = []
@@ -302,10 +316,13 @@ def plan_from(loader: Mapping[str, Any] | None, precision: Mapping[str, Any] | N
                       "try" if fields else "skip",
                       "lab 3's AMP_CONFIG: measure it on top of the loader" if fields
                       else "lab 3's AMP_CONFIG kept FP32"))
-    ckpt = Change("checkpoint every stage", {"checkpoint_stages": REFERENCE_CHECKPOINT_STAGES}, "checkpoint")
+    stages = checkpoint_stages_for(checkpoint)
+    what = "every stage" if checkpoint is None else ("your lab 4 choice (" + (", ".join(checkpoint) or "none") + ")")
+    ckpt = Change(f"checkpoint {what}", {"checkpoint_stages": stages}, "checkpoint")
     plans.append(Plan(ckpt, "force", "the baseline's batch does not fit the memory budget without it")
-                 if memory_needed else
-                 Plan(ckpt, "skip", "the batch fits in memory: checkpointing would only cost time"))
+                 if memory_needed and stages else
+                 Plan(ckpt, "skip", "the batch fits in memory: checkpointing would only cost time" if not memory_needed
+                      else "lab 4 chose no stage to checkpoint"))
     plans.append(Plan(Change(f"your lab 5 compile ({compile_mode})", {"compile_mode": compile_mode}, "compile"),
                       "try", "lab 5's CHOICE: measure it on top of the rest (compilation happens in the warm-up)")
                  if compile_mode else

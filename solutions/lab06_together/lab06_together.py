@@ -88,21 +88,25 @@ print(BEFORE.table())
 # ## 2. Your decisions from labs 2-5
 #
 # This lab starts from what you decided before: lab 2's `BEST` (how the data reaches the model), lab 3's
-# `AMP_CONFIG` (precision and memory format) and lab 5's `CHOICE` (compile or not).
+# `AMP_CONFIG` (precision and memory format), lab 4's `CHECKPOINT_CHOICE` (which stages to checkpoint when
+# memory is short) and lab 5's `CHOICE` (compile or not).
 # `lab06_report.earlier_decisions()` reads them from those labs' results files beside this one. A lab
 # whose results are not here gives `None`: then enter that decision by hand in the cell after, from what
 # you measured in that lab (`{}` or `None` to leave it out). Each decision was measured on its own lab's
 # workload; here it meets this workload and the other decisions, so it is measured again.
 #
-# Checkpointing (lab 4) is not a speed decision: it goes in only when memory demands it. Whether it does
-# is a measurement too: lab 4's memory model (parameters, gradients, optimizer state and the activations
-# saved for backward) at the baseline's batch size, against `MEMORY_BUDGET_SHARE` of this device's memory.
+# Checkpointing (lab 4) is not a speed decision: your lab 4 choice goes in only when memory demands it.
+# Whether it does is a measurement too: lab 4's memory model (parameters, gradients, optimizer state and
+# the activations saved for backward) at the baseline's batch size, against `MEMORY_BUDGET_SHARE` of this
+# device's memory. A choice goes in as the first stages up to the last one you chose (`TrainConfig`
+# checkpoints leading stages), which your lab 4 table favoured anyway if it picked the cheap early ones.
 
 # %%
 DECISIONS = lab06_report.earlier_decisions()
 for lab, found in DECISIONS["found"].items():
     print(f"{lab:<14} {found or 'no results here: enter its decision below'}")
-print(f"loader {DECISIONS['loader']}, precision {DECISIONS['precision']}, compile {DECISIONS['compile_mode']!r}")
+print(f"loader {DECISIONS['loader']}, precision {DECISIONS['precision']}, checkpoint {DECISIONS['checkpoint']}, "
+      f"compile {DECISIONS['compile_mode']!r}")
 BUDGET = lab06_memory.memory_budget_bytes(INFO)
 MEMORY_NEEDED = lab06_memory.needs_checkpointing(BASELINE, INFO)
 print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: unknown",
@@ -111,8 +115,8 @@ print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: 
 # %% [markdown]
 # Set `LOADER` (the `TrainConfig` loader fields your lab 2 `BEST` changed, e.g.
 # `{"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}`), `PRECISION` (the fields your
-# lab 3 `AMP_CONFIG` changed, e.g. `{"amp_dtype": "bf16"}`) and `COMPILE` (your lab 5 `CHOICE`: a mode
-# name, or `None`). Where a lab's results are beside this notebook, take its decision from `DECISIONS`;
+# lab 3 `AMP_CONFIG` changed, e.g. `{"amp_dtype": "bf16"}`), `CHECKPOINT` (your lab 4 `CHECKPOINT_CHOICE`,
+# a tuple of stage names) and `COMPILE` (your lab 5 `CHOICE`: a mode name, or `None`). Where a lab's results are beside this notebook, take its decision from `DECISIONS`;
 # where they are missing ("no results here" above), enter that lab's decision by hand, from your own
 # measurement in that lab: the kit holds no reference answer to fall back on. `lab06.plan_from` turns
 # them into the plan: each decision that changed something is tried here, one that changed nothing is
@@ -138,8 +142,10 @@ except ImportError:  # the grading sandbox hides the grader's side: what this ha
 LOADER = DECISIONS["loader"] if DECISIONS["loader"] is not None else _DECIDED["loader"]
 PRECISION = DECISIONS["precision"] if DECISIONS["precision"] is not None else _DECIDED["precision"]
 COMPILE = DECISIONS["compile_mode"] if DECISIONS["found"]["lab05_compile"] else _DECIDED["compile_mode"]
+# Lab 4's reference, where its results are not here: the fewest leading stages that fit its budget.
+CHECKPOINT = DECISIONS["checkpoint"] if DECISIONS["checkpoint"] is not None else ("layer1", "layer2")
 ### END SOLUTION
-PLAN = lab06.plan_from(LOADER, PRECISION, COMPILE, INFO, memory_needed=MEMORY_NEEDED)
+PLAN = lab06.plan_from(LOADER, PRECISION, COMPILE, INFO, memory_needed=MEMORY_NEEDED, checkpoint=CHECKPOINT)
 for plan in PLAN:
     print(f"{plan.action:>5}  {plan.change.name:<40} {dict(plan.change.fields)}\n       {plan.reason}")
 
