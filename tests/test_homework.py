@@ -249,3 +249,20 @@ def test_an_amp_setting_the_notebook_never_compared_at_home_loses_the_decision(t
     assert hidden03.candidate_knobs("fp32 channels_last") == (None, True)
     assert [hidden03.candidate_knobs(n) for n in lab03.candidate_configs("tiny")] == \
         [(c.amp_dtype, c.channels_last) for c in lab03.candidate_configs("tiny").values()]
+
+
+def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_counts_as_measured(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from perflab.labs import lab06_probes
+    from perflab.labs.hidden import lab06 as hidden06
+
+    base = lab06.baseline_config("tiny")
+    chain = [("baseline", base), ("bf16", base.replace(amp_dtype="bf16"))]
+    calls = _fake_blocks(monkeypatch, lambda c: 0.005 if c.amp_dtype else 0.010)
+    times = lab06_measure.measure_chain(chain)
+    entries = list(homework.RECORDED)
+    homework.write_file(entries, tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab06_measure.measure_chain(chain) == times and len(calls) == 1
+    observed = lab06_probes.PROBES["test_final_config"]({"CHAIN": chain, "FINAL": chain[-1][1]}, 0)
+    hidden06.JUDGES["test_final_config"](observed, _ctx(lab06.LAB, entries))

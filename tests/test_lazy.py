@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import simulated_machine as simulated
 
 from perflab import env
 from perflab.grading.judging import Context
@@ -64,11 +65,14 @@ def test_the_committed_calibration_grades_a_gain_where_this_kind_of_machine_has_
         assert not load_expectation(_expectation_name(module, tiny), "cpu-bf16", workload=tiny).calibrated
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("module", "judge", "observe"), LABS, ids=lambda v: getattr(v, "LAB", ""))
-def test_near_lazy_fails_and_the_reference_passes_where_the_hardware_gains(module, judge, observe):
+def test_near_lazy_fails_and_the_reference_passes_where_the_hardware_gains(module, judge, observe, monkeypatch):
     """A choice that changes only a knob without effect here (pin_memory on a CPU) is "no change", which
-    fails a gain bar without being timed (noise cannot carry it); the reference's choice clears the bar."""
+    fails a gain bar without being timed (noise cannot carry it); the reference's choice clears the bar.
+    The reference is re-measured by the verifier's real child on a simulated machine that gains what this
+    class's calibration found (a quarter above its bar), so the verdict is not the host's load of the moment
+    (on a busy 2-core host lab 2's reference once re-measured 0.91x); what a real machine gains is
+    `perflab calibrate`'s and `make bench-decisions`'s to measure."""
     base = module.baseline_config("grade")
     bar = load_expectation(_expectation_name(module, base), workload=base)
     if bar.threshold <= 1.0 or env.pick_device().type != "cpu":
@@ -76,6 +80,9 @@ def test_near_lazy_fails_and_the_reference_passes_where_the_hardware_gains(modul
     reference = {lab02: lambda: hidden02.reference_best("grade"), lab03: lambda: base.replace(amp_dtype="bf16"),
                  lab06: lambda: hidden06.reference_final("grade")}[module]()
     assert reference != base
+    gain = 1.25 * bar.threshold
+    simulated.SimulatedMachine(lambda c: gain if (c.num_workers or c.amp_dtype or c.channels_last) else 1.0,
+                               simulated.QUIET).install(monkeypatch)
     mark = judge(observe(reference), Context(module.LAB, 0, "grade"))
     assert mark.fraction == 1.0, mark.message
     if module is not lab03:  # lab 3's AMP_CONFIG may change only precision knobs

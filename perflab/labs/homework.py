@@ -4,7 +4,8 @@ A decision (lab 3's AMP_CONFIG, lab 6's FINAL) rests on the student's own measur
 on the grader's re-measurement of what was decided. Grading therefore never repeats the homework:
 
 * At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
-  screening, ablation and accuracy run and lab 3's comparison of precisions, runs in full and shows its
+  screening, ablation (`measure_ablation`, or `measure_chain` in a notebook released before it) and
+  accuracy run and lab 3's comparison of precisions, runs in full and shows its
   raw samples as an output of its cell (`HOMEWORK_MIME`, beside one line of text). Saving the notebook
   keeps them: the notebook the student hands in carries them, with no file beside it to lose.
 * The grader reads them from the submitted notebook (`from_notebook`) before it clears the outputs and

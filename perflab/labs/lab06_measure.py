@@ -95,13 +95,28 @@ def measure_chain(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None =
     all of them share the machine's drift and block i of any two are paired. Returns {name: [seconds of
     each block]} in chain order.
     """
+    from perflab.labs import homework
+
     s = s or sizes()
     names = [name for name, _ in chain]
     if len(set(names)) != len(names):
         raise ValueError(f"chain: names must be unique, got {names}")
-    times, _ = _timed_blocks([config for _, config in chain], s.chain_blocks, s.block_steps, warmup,
-                             "ablation rounds")
-    return dict(zip(names, times, strict=True))
+    configs = [config for _, config in chain]
+
+    def timed(blocks: int, warm: int) -> dict[str, list[float]]:
+        times, _ = _timed_blocks(configs, blocks, s.block_steps, warm, "ablation rounds")
+        return dict(zip(names, times, strict=True))
+
+    def decode(value: Any) -> dict[str, list[float]]:
+        times = {name: [float(t) for t in value[name]] for name in names}
+        if len({len(t) for t in times.values()}) != 1 or any(not (t > 0) for row in times.values() for t in row):
+            raise ValueError("chain record: block times of unequal length or not positive")
+        return times
+
+    key = {"names": names, "changes": [homework.change_groups(a, b) for a, b in zip(configs, configs[1:], strict=False)]}
+    return homework.measured("lab06.chain", key, lambda: timed(s.chain_blocks, warmup),
+                             quick=lambda: timed(homework.QUICK_BLOCKS, 1), encode=dict, decode=decode,
+                             what="ablation rounds")
 
 
 def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | None = None, *,
