@@ -203,26 +203,14 @@ def home_run(nb: Any, folder: Path, mode: str, timeout: int = 600, name: str = "
     outside any grader), so that what it hands in carries its home measurements
     (`perflab.labs.homework`); the executed copy, also saved there."""
     import nbformat
-    from nbclient import NotebookClient
+
+    from perflab.labs.build import run_notebook
 
     folder.mkdir(parents=True, exist_ok=True)
-    nb = copy.deepcopy(nb)
     nbformat.write(nb, folder / name)  # a lab reads its own saved notebook (lab 6's written analysis)
-    saved = {k: os.environ.get(k) for k in ("PERFLAB_MODE", "NBGRADER_EXECUTION", "PERFLAB_GRADER_REMEASURES")}
-    os.environ["PERFLAB_MODE"] = mode
-    for variable in ("NBGRADER_EXECUTION", "PERFLAB_GRADER_REMEASURES"):
-        os.environ.pop(variable, None)
-    try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(folder)}}).execute()
-    finally:
-        for variable, value in saved.items():
-            if value is None:
-                os.environ.pop(variable, None)
-            else:
-                os.environ[variable] = value
-    nbformat.write(nb, folder / name)
-    return nb
+    executed, _ = run_notebook(folder / name, mode=mode, timeout=timeout, workdir=folder, allow_errors=True)
+    nbformat.write(executed, folder / name)
+    return executed
 
 
 def write_class(labs: Sequence[str], release_dir: Path, solutions: Path, out: Path,
