@@ -165,7 +165,7 @@ def test_a_real_kernel_shows_the_record_as_an_output_the_grader_finds(tmp_path: 
 
 
 def test_the_labs_that_decide_from_a_record_are_the_ones_whose_notebooks_call_one() -> None:
-    calls = ("lab06_measure.screen(", "lab06_measure.measure_ablation(", "compare_precisions(")
+    calls = ("lab06_measure.screen(", "lab06_measure.measure_ablation(", "compare_precisions(", ".as_decided(")
     for twin in sorted(Path(__file__).resolve().parents[1].glob("solutions/*/*.py")):
         lab = twin.parent.name
         uses = any(c in twin.read_text(encoding="utf-8") for c in calls)
@@ -266,3 +266,103 @@ def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_c
     assert lab06_measure.measure_chain(chain) == times and len(calls) == 1
     observed = lab06_probes.PROBES["test_final_config"]({"CHAIN": chain, "FINAL": chain[-1][1]}, 0)
     hidden06.JUDGES["test_final_config"](observed, _ctx(lab06.LAB, entries))
+
+
+def test_a_decision_made_at_home_is_the_one_graded_and_its_sweep_is_not_repeated(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from perflab.labs import lab02
+
+    base = lab02.baseline_config("tiny")
+    home_best = base.replace(num_workers=3, persistent_workers=True, prefetch_factor=4)
+    assert lab02.sizes() == lab02.sizes("tiny")  # at home, the mode's own budgets
+    best, why = lab02.as_decided(home_best, "three workers gained 1.4x with a CI above one", base, "cpu")
+    assert (best, why) == (home_best, "three workers gained 1.4x with a CI above one")
+    homework.write_file(homework.RECORDED, tmp_path)
+
+    _grading_kernel(monkeypatch)
+    small = lab02.sizes()
+    assert (small.sweep_steps, small.compare_blocks) == (1, 2)  # the notebook's own timing: smallest budget
+    assert small.verify_max_pairs == lab02.sizes("tiny").verify_max_pairs  # the grader's own: unchanged
+    assert lab02.sizes("tiny") == lab02.sizes("tiny")  # a judge that names its mode gets the mode's sizes
+    # The grading run's own noisy sweep picked no workers; the decision graded is the home run's.
+    best, why = lab02.as_decided(base, "no gain here", base, "cpu")
+    assert best == home_best and why.startswith("three workers")
+    assert "as your home run decided it" in capsys.readouterr().out
+    assert homework.EVENTS[-1]["event"] == "replayed"
+
+
+def test_a_decision_from_another_kind_of_device_or_none_at_all_is_made_again_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from perflab.labs import lab05
+
+    lab05.as_decided(None, "no mode cleared the keep rule on my laptop", "cpu")
+    homework.write_file(homework.RECORDED, tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab05.sizes().compare_blocks == 2 and lab05.sizes("tiny").compare_blocks == 10
+    choice, why = lab05.as_decided("default", "default cleared the keep rule", "cuda")
+    assert (choice, why) == ("default", "default cleared the keep rule")
+    out = capsys.readouterr().out
+    assert "your home run decided on cpu, this grader runs cuda" in out and "decided again" in out
+    homework.reset()
+    (tmp_path / homework.HOMEWORK_FILE).unlink()
+    # No record to replay (not saved after running, or released before the record): the notebook's own
+    # comparisons keep their budget, so what it decides rests on a measurement.
+    assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks
+    assert lab05.as_decided("default", "w", "cpu") == ("default", "w")
+    assert "carries no home run of it" in capsys.readouterr().out
+
+
+def test_a_forged_decision_record_outside_the_decisions_knobs_is_not_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from perflab.labs import lab02, lab05
+
+    base = lab02.baseline_config("tiny")
+    homework.write_file([
+        {"kind": "lab02.best", "key": {"device": "cpu", "code": None},
+         "value": {"knobs": {"amp_dtype": "bfloat16"}, "why": "x"}},
+        {"kind": "lab05.choice", "key": {"device": "cpu", "code": None},
+         "value": {"choice": "fastest-please", "why": "x"}},
+    ], tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab02.as_decided(base, "mine", base, "cpu") == (base, "mine")
+    assert lab05.as_decided(None, "mine", "cpu") == (None, "mine")
+    assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick", "unreadable", "quick"]
+
+
+def test_a_real_kernel_replays_a_decision_only_while_the_cell_that_made_it_is_unchanged(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A lazy edit after the saved run (the choice set back to the baseline, not run again) is graded as
+    submitted: the record belongs to the code that made it."""
+    from nbclient import NotebookClient
+
+    decide = new_code_cell("PICK = int(os.environ.get('HOME_PICK', '0'))  # what this run's measurement says")
+    record = new_code_cell("from perflab.labs import homework\n"
+                           "PICK = homework.decided('k', PICK, device='cpu', encode=int, decode=int, what='PICK')\n"
+                           "print('graded', PICK)")
+    nb = new_notebook(cells=[new_code_cell("import os"), decide, record])
+
+    def run(notebook, folder: Path, **env: str) -> str:
+        folder.mkdir(exist_ok=True)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+        for name in env:
+            monkeypatch.delenv(name)
+        return "".join(o.get("text", "") for o in notebook.cells[-1].outputs if o.get("output_type") == "stream")
+
+    run(nb, tmp_path / "home", HOME_PICK="3")  # at home the measurement picked 3
+    saved = nbformat.reads(nbformat.writes(nb), as_version=4)
+    graded = {"NBGRADER_EXECUTION": "autograde", "PERFLAB_GRADER_REMEASURES": "1"}
+
+    as_saved = nbformat.reads(nbformat.writes(saved), as_version=4)
+    (tmp_path / "same").mkdir()
+    homework.write_file(homework.from_notebook(as_saved), tmp_path / "same")  # the grader lays it beside
+    out = run(as_saved, tmp_path / "same", **graded)  # this run's own (smallest-budget) pick would be 0
+    assert "graded 3" in out and "as your home run decided it" in out
+
+    edited = nbformat.reads(nbformat.writes(saved), as_version=4)
+    edited.cells[1].source += "\nPICK = 0  # set back to the baseline after the run"
+    (tmp_path / "edited").mkdir()
+    homework.write_file(homework.from_notebook(edited), tmp_path / "edited")
+    out = run(edited, tmp_path / "edited", **graded)
+    assert "graded 0" in out and "changed after the run your notebook saved" in out

@@ -15,6 +15,10 @@ on the grader's re-measurement of what was decided. Grading therefore never repe
   the order of the calls), never by values, so a home run on a laptop replays on a GPU server.
 * A measurement the notebook does not carry runs at the smallest budget that still executes its code
   (`QUICK_BLOCKS` blocks), and its cell says so: a decision made on it was not made on a measurement.
+* A decision a notebook derives in code from timings the kit does not record (lab 2's `BEST` from the
+  student's own sweep, lab 5's `CHOICE`) is recorded itself, as the notebook made it (`decided`); in the
+  grading kernel its timing cells run at the smallest budget (`smallest`) and the decision is the home
+  run's, where the home run ran on the same kind of device.
 
 What is replayed only steers the notebook: every graded speedup is the grader's own re-measurement.
 """
@@ -32,7 +36,7 @@ T = TypeVar("T")
 
 HOMEWORK_MIME = "application/vnd.perflab.homework+json"
 # The labs whose notebooks decide from a recorded measurement (tests/test_homework.py holds it to them).
-LABS = ("lab03_amp", "lab06_together")
+LABS = ("lab02_feed", "lab03_amp", "lab05_compile", "lab06_together")
 # Beside the notebook in the grading kernel's folder: what the submission's outputs carried.
 HOMEWORK_FILE = "homework.json"
 # Blocks of each side a measurement runs in the grading kernel when the notebook does not carry it:
@@ -98,6 +102,79 @@ def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[
           f"({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement. Run the notebook, save it, "
           f"then hand it in]")
     return quick()
+
+
+def decided(kind: str, value: T, *, device: str, encode: Callable[[T], Any], decode: Callable[[Any], T],
+            what: str, show: Callable[[T], str] = repr) -> T:
+    """A decision as the notebook made it: at home `value`, recorded in the cell's output; in the grading
+    kernel, where its own timing cells ran at the smallest budget (`smallest`), the home run's decision,
+    where it was made on the same kind of `device` (a decision made on a laptop's CPU is not the one a
+    GPU server would make) by the same code: the record carries a digest of the cell that ran just before
+    (`previous_cell`, the student's decision cell), so a decision cell edited after the saved run (a
+    choice set back to the baseline) is graded as submitted, decided again from this run. `decode` may
+    raise ValueError for a record that is not a decision this notebook could have made: it is not used."""
+    key = {"device": str(device), "code": _digest(previous_cell())}
+    if not _grading_kernel():
+        entry = {"kind": kind, "key": key, "value": encode(value)}
+        RECORDED.append(entry)
+        _show(entry, f"[{what}: recorded in this output for the grader; save the notebook to keep it]")
+        return value
+    entry = _take(kind, key)
+    if entry is not None:
+        try:
+            home = decode(entry["value"])
+        except (TypeError, ValueError, KeyError, AttributeError):
+            EVENTS.append({"kind": kind, "key": key, "event": "unreadable"})
+        else:
+            EVENTS.append({"kind": kind, "key": key, "event": "replayed"})
+            print(f"[{what}: {show(home)}, as your home run decided it; the grade rests on the grader's own "
+                  "re-measurement]")
+            return home
+    others = [e["key"] for e in _book() if e["kind"] == kind and isinstance(e.get("key"), dict)]
+    EVENTS.append({"kind": kind, "key": key, "event": "quick"})
+    if any(k.get("device") == key["device"] for k in others):
+        why = "the cell that decides it changed after the run your notebook saved"
+    elif others:
+        why = f"your home run decided on {others[0].get('device')}, this grader runs {device}"
+    else:
+        why = "this notebook carries no home run of it"
+    print(f"[{what}: {why}, so it is decided again from this run's measurements, taken at the smallest budget: "
+          f"{show(value)}]")
+    return value
+
+
+def previous_cell() -> str | None:
+    """The source of the cell this kernel ran before the running one (None outside a notebook kernel)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with the kit
+        return None
+    shell = get_ipython()
+    history = shell.user_ns.get("In") if shell is not None else None
+    return history[-2] if isinstance(history, list) and len(history) >= 2 else None
+
+
+def _digest(source: str | None) -> str | None:
+    if source is None:
+        return None
+    import hashlib
+
+    lines = [line.rstrip() for line in source.strip().splitlines()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def smallest(sizes: T, *, decided_by: str | None = None, **budget: Any) -> T:
+    """`sizes` (a lab's frozen dataclass of sizes) with the notebook's own timing budgets set to `budget`
+    in the grading kernel, unchanged at home: the grade reads only the grader's re-measurements and what
+    the home run recorded, so the notebook's timing cells only have to run their code. `decided_by`: the
+    kind of the record (`decided`) the lab's decision is replayed from; where the notebook carries none
+    (it was not saved after running, or was released before the record), the budgets stay, so the
+    notebook decides on a measurement."""
+    if not _grading_kernel():
+        return sizes
+    if decided_by is not None and not any(e["kind"] == decided_by for e in _book()):
+        return sizes
+    return dataclasses.replace(sizes, **budget)  # type: ignore[type-var]
 
 
 def _show(entry: Mapping[str, Any], note: str) -> None:

@@ -112,7 +112,7 @@ import torch
 from torch import nn
 
 from perflab import env, memory, workload
-from perflab.labs import moved, predict
+from perflab.labs import homework, moved, predict
 from perflab.workload import TrainConfig
 
 LAB = "lab04_memory"
@@ -211,10 +211,17 @@ _LAB_SIZES: dict[str, dict[str, Any]] = {
 }
 
 
+# The notebook's own timing budgets in the grading kernel: the smallest that still runs its code.
+GRADING_BUDGET = dict(compare_blocks=2)
+
+
 def sizes(mode: str | None = None) -> LabSizes:
     """The lab's sizes in `mode` (default: the mode in force), built on `perflab.env.mode_sizes`."""
     base = env.mode_sizes(mode, lab=LAB)
-    return LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
+    s = LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
+    # Called with no mode, in a notebook: the grading kernel runs the notebook's own timing at
+    # GRADING_BUDGET (the grade reads the grader's re-measurements and the home run's record).
+    return s if mode is not None else homework.smallest(s, **GRADING_BUDGET)
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:

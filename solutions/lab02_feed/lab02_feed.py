@@ -32,8 +32,9 @@
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs this whole
-# notebook on its own machine: write `BEST` from the measurements above it, not as numbers tuned
-# for your laptop.
+# notebook on its own machine, its timing cells at the smallest budget: write `BEST` from the
+# measurements above it, not as numbers tuned for your laptop, and hand the notebook in saved,
+# outputs and all (they carry your decision).
 #
 # **How long.** On the reference machine (2 AMD EPYC cores, no GPU), for instance, this notebook ran
 # top to bottom in laptop mode in 88 s, one lab at a time on a quiet machine. Its last cell prints how
@@ -577,9 +578,11 @@ else:
 # Set `BEST` to the fastest loader your measurements support, as `BASELINE.replace(...)` changing
 # only the loader knobs `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`
 # (anything else would change the work, not how it is fed). Build it from the variables above
-# (`pick_workers(train_sweep)`, `CHOSEN_PREFETCH`, `DEVICE`), not from numbers typed in: the
-# autograder re-runs this notebook on its own machine and grades the `BEST` that machine's
-# measurements give. A sweep runs each setting one after the other, so a busy moment can flatter
+# (`pick_workers(train_sweep)`, `CHOSEN_PREFETCH`, `DEVICE`), not from numbers typed in. The cell
+# after yours records `BEST` and `WHY_BEST` in its output: save the notebook after running it and the
+# autograder grades that decision (it re-runs your cells at the smallest budget, so its own sweep
+# decides nothing); where it grades on another kind of device than yours, it decides again from
+# its own run of your code. A sweep runs each setting one after the other, so a busy moment can flatter
 # one of them: keep a change only when an interleaved comparison (`timing.compare`, as in the next
 # cell) says it is faster than the baseline, by the kit's one keep rule for every lab
 # (`common.keep_rule`: the CI of its speedup above 1.0). The grader re-measures your `BEST`; where its own
@@ -620,6 +623,10 @@ if _chosen > 0:
 ### END SOLUTION
 print(BEST)
 print("why:", globals().get("WHY_BEST", "(no WHY_BEST written: the re-measured cell would earn half)"))
+
+# %% nbgrader={"grade": false, "grade_id": "best_as_decided", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Your decision, recorded in this cell's output at home; when graded, the decision your saved run made.
+BEST, WHY_BEST = lab02.as_decided(BEST, globals().get("WHY_BEST"), BASELINE, DEVICE)
 
 # %%
 base_work, best_work = workload.build(BASELINE), workload.build(BEST)

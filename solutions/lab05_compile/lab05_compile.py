@@ -44,7 +44,8 @@
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs the whole
-# notebook on its own machine: derive `CHOICE` from the measurements above it.
+# notebook on its own machine, its timing cells at the smallest budget: derive `CHOICE` from the
+# measurements above it, and hand the notebook in saved, outputs and all (they carry your decision).
 #
 # **How long.** On the reference machine (2 AMD EPYC cores, no GPU), for instance, this notebook ran
 # top to bottom in laptop mode in 68 s, one lab at a time on a quiet machine. Its last cell prints how
@@ -441,8 +442,11 @@ else:
 # you will run (your break-even), and what you pick when two modes both qualify or none does. The kit
 # keeps a change by one rule, in this lab as in labs 3 and 6: `common.keep_rule(comparison.ci())` keeps
 # it when the lower end of its CI lies above `common.KEEP_ABOVE` (measurably faster than eager), and its
-# `.why` says so in words. Derive it from the variables, not from a string typed in: the
-# autograder re-runs the notebook on its own machine, and the answer may differ there. Beside it,
+# `.why` says so in words. Derive it from the variables, not from a string typed in. The cell
+# after yours records `CHOICE` and `WHY_CHOICE` in its output: save the notebook after running it and
+# the autograder grades that decision (it re-runs your cells at the smallest budget, so its own
+# comparisons decide nothing); where it grades on another kind of device than yours, the answer may
+# differ, and it decides again from its own run of your code. Beside it,
 # set `WHY_CHOICE` to one line of why your measurements support it (which figures, and what they
 # showed): a person reads it, and a decision without one earns half of its re-measured cell.
 #
@@ -466,8 +470,10 @@ print("CHOICE =", repr(CHOICE))
 print("why:", globals().get("WHY_CHOICE", "(no WHY_CHOICE written: the re-measured cell would earn half)"))
 
 # %% nbgrader={"grade": false, "grade_id": "claim", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Your decision, recorded in this cell's output at home; when graded, the decision your saved run made.
+CHOICE, WHY_CHOICE = lab05.as_decided(CHOICE, globals().get("WHY_CHOICE"), DEVICE)
 assert not lab05.choice_problems(CHOICE), lab05.choice_problems(CHOICE)[0]
-CLAIM = GRADED_COMPARISONS[CHOICE].speedup if CHOICE is not None else 1.0
+CLAIM = GRADED_COMPARISONS[CHOICE].speedup if CHOICE in GRADED_COMPARISONS else 1.0
 print(f"your claimed steady-state speedup: {CLAIM:.3f}x")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part3e", "locked": true, "schema_version": 3, "solution": false, "task": false}
