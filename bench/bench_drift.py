@@ -43,9 +43,9 @@ def mystery_cheat(student: str, data: str, how: str, warm: int = 4) -> Step:
     """The reference fix of `student`'s pipeline, cheating after `warm` steps as `how` says."""
     import torch
 
-    from perflab import mystery
+    from perflab.labs.hidden import mystery_truth
 
-    trainer = mystery.for_student(student, bugs=()).module().Trainer(0, data)
+    trainer = mystery_truth.pipeline(student, bugs=()).module().Trainer(0, data)
     count = [0]
     honest = trainer.step
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perflab import mystery
+    from perflab.labs.hidden import mystery_truth
     from perflab.verify.protocol import VERIFY_THREADS
 
     torch.set_num_threads(VERIFY_THREADS)
@@ -119,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")
         for student in args.ids:
             planted = _losses(mystery.planted_step(0, student, data=data), n)
-            fixed = _losses(mystery.for_student(student, bugs=()).module().make_step(0, data), n)
+            fixed = _losses(mystery_truth.pipeline(student, bugs=()).module().make_step(0, data), n)
             rel, at = max_rel(planted, fixed)
             worst = max(worst, rel)
-            bugs = ", ".join(p.key for p in mystery.for_student(student).planted)
+            bugs = ", ".join(p.key for p in mystery_truth.truth(student).planted)
             print(f"  mystery {student:8s} ({bugs}): honest fix {rel:.3g} (step {at})", flush=True)
             if args.cheats:
                 for how in ("forward_only", "skip_every_other", "frozen_optimizer"):

@@ -30,8 +30,8 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
     ("key" at its full dose, "key (light)" at its light one)."""
     import torch
 
-    from perflab import mystery
-    from perflab.mystery.catalogue import CATALOGUE
+    from perflab.labs.hidden import mystery_truth
+    from perflab.labs.hidden.mystery_truth import CATALOGUE
     from perflab.verify.protocol import VERIFY_THREADS
 
     torch.set_num_threads(VERIFY_THREADS)  # what the grader's re-measurement runs the pipelines on
@@ -43,7 +43,7 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
     keys = list(variants)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fns = {k: mystery.for_student("bench", bugs=bugs, light=light).module().make_step(0)
+        fns = {k: mystery_truth.pipeline("bench", bugs=bugs, light=light).module().make_step(0)
                for k, (bugs, light) in variants.items()}
         for fn in fns.values():
             fn()
@@ -60,16 +60,17 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
 
 def verified_fix(student: str) -> dict[str, object]:
     from perflab import mystery
+    from perflab.labs.hidden import mystery_truth
     from perflab.labs.hidden.mystery import FIX_BAR
     from perflab.verify import Side, verify
 
     data = mystery.sizes_for()[0]
     with tempfile.TemporaryDirectory() as tmp:
         fixed = Path(tmp) / "mystery_fixed.py"
-        mystery.for_student(student, bugs=()).write(fixed)
+        mystery_truth.pipeline(student, bugs=()).write(fixed)
         baseline = Side.reference("perflab.mystery:planted_step", label="planted", student=student, data=data)
         verdict = verify(baseline, Side.module(fixed, label="fixed", data=data), expectation=FIX_BAR)
-    return {"bugs": [p.key for p in mystery.for_student(student).planted], "verdict": verdict}
+    return {"bugs": [p.key for p in mystery_truth.truth(student).planted], "verdict": verdict}
 
 
 CONSTANTS = tuple(i / 100 for i in range(0, 61, 2))
@@ -79,10 +80,10 @@ def constant_truth_reader(student: str) -> tuple[dict[str, float], float, float 
     """(the grader's first measured savings, the best fraction of the diagnosis a constant earns with the
     planted truth, that constant). Each constant is judged as the grader judges it: against the better of
     its two measurements (the second is taken where the first disagrees)."""
-    from perflab import mystery
+    from perflab.labs.hidden import mystery_truth
     from perflab.labs.hidden.mystery import measured_savings, score_diagnosis
 
-    planted = mystery.for_student(student).planted
+    planted = mystery_truth.truth(student).planted
     readings = [measured_savings(student, None, attempt) for attempt in (0, 1)]
     best, which = 0.0, None
     for constant in CONSTANTS:

@@ -63,6 +63,11 @@ def _release():
     ("import perflab.mystery.catalogue as c\nbugs = c.CATALOGUE", "what perflab planted"),
     ("from perflab.mystery import draw\nbugs = draw('me')", "perflab.mystery.draw"),
     ("from perflab import mystery\nlight = mystery.light_dose('me')", "perflab.mystery.light_dose"),
+    # The kit's private renderer, which tells where each planted snippet lands (the kit returns no truth).
+    ("from perflab import mystery\nw = []\nmystery._render('me', None, mystery._plan('me'), lambda k, n: w.append(n))",
+     "perflab.mystery._render"),
+    ("from perflab.mystery import _draw\nbugs = _draw('me')", "perflab.mystery._draw"),
+    ("import importlib\nm = importlib.import_module('perflab.mystery')\nf = getattr(m, '_doses')", "perflab.mystery._doses"),
     # The planted truth by a spelling no text names: a computed module name, getattr, sys.modules.
     ("import importlib\nm = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
      "case = getattr(m, 'for_' + 'student')('me')", "whose name it computes"),

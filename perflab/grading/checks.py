@@ -295,13 +295,26 @@ def _scan_hooks_env_paths(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
     return out
 
 
-# What perflab knows of lab 1's mystery pipeline (which bugs, on which lines): a diagnosis comes from
-# measurements, and a notebook that reads these is reviewed by a person. Writing, loading and
-# measuring the pipeline (lab01_mystery, mystery.student_id) are the lab's own tools.
-PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.draw", "perflab.mystery.catalogue",
-                 "perflab.mystery.template", "perflab.mystery.planted_step", "perflab.mystery.Mystery",
-                 "perflab.mystery.Planted", "perflab.mystery.CATALOGUE", "perflab.mystery.light_dose")
+# The ways into what lab 1's mystery pipeline carries: the kit's renderer (any id's pipeline, a classmate's
+# to diff, or a copy with the planted code tracked or left out: `_render` tells where each snippet lands),
+# its draw, its snippets and its clean template. A diagnosis comes from measurements, and a notebook that
+# reaches for these is reviewed by a person. The kit returns no planted truth (the grader recomputes it),
+# and the names a notebook written for an older kit would read (`draw`, `light_dose`, `Planted`,
+# `CATALOGUE`, a case's `.planted`) are flagged too. Writing, loading and measuring the student's own
+# pipeline (lab01_mystery, mystery.student_id) are the lab's own tools.
+PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.planted_step", "perflab.mystery.Mystery",
+                 "perflab.mystery._render", "perflab.mystery._draw", "perflab.mystery._plan",
+                 "perflab.mystery._light", "perflab.mystery._doses", "perflab.mystery.catalogue",
+                 "perflab.mystery.template", "perflab.mystery.draw", "perflab.mystery.Planted",
+                 "perflab.mystery.CATALOGUE", "perflab.mystery.light_dose")
 PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines", "dose"})
+# Any private name of perflab.mystery is the renderer's inside, not a tool of the lab.
+PLANTED_PRIVATE = "perflab.mystery._"
+
+
+def _reaches_truth(dotted: str) -> bool:
+    return (any(dotted == name or dotted.startswith(name + ".") for name in PLANTED_TRUTH)
+            or dotted.startswith(PLANTED_PRIVATE))
 
 
 IMPORTERS = frozenset({"importlib.import_module", "__import__", "importlib.__import__", "builtins.__import__"})
@@ -330,9 +343,7 @@ def _scan_computed_reach(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
             if func in IMPORTERS and not _literal(first):
                 out.append(line + f"the code imports a module whose name it computes ({func}); flagged for review")
             owner = _dotted(node.args[0], aliases) if func == "getattr" and len(node.args) >= 2 else None
-            if owner and _literal(node.args[1]) and any(
-                    f"{owner}.{node.args[1].value}" == name or f"{owner}.{node.args[1].value}".startswith(name + ".")
-                    for name in PLANTED_TRUTH):
+            if owner and _literal(node.args[1]) and _reaches_truth(f"{owner}.{node.args[1].value}"):
                 out.append(line + f"the code reads what perflab planted in the mystery pipeline "
                            f"({owner}.{node.args[1].value}); a diagnosis comes from your measurements (flagged for review)")
             if (func == "getattr" and len(node.args) >= 2 and not _literal(node.args[1])
@@ -342,8 +353,7 @@ def _scan_computed_reach(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
         if (isinstance(node, ast.Subscript) and _dotted(node.value, aliases) == "sys.modules"
                 and not _literal(node.slice)):
             out.append(line + "the code reads sys.modules by a computed name; flagged for review")
-        if _literal(node) and any(node.value == name or node.value.startswith(name + ".")
-                                  for name in PLANTED_TRUTH):
+        if _literal(node) and _reaches_truth(node.value):
             out.append(line + f"the code names what perflab planted in the mystery pipeline ({node.value!r}); "
                        "a diagnosis comes from your measurements (flagged for review)")
     return out
@@ -355,7 +365,7 @@ def _scan_planted_truth(tree: ast.AST, aliases: dict[str, str]) -> list[str]:
         if not isinstance(node, (ast.Attribute, ast.Name)):
             continue
         dotted = _dotted(node, aliases) or ""
-        if any(dotted == name or dotted.startswith(name + ".") for name in PLANTED_TRUTH) or (
+        if _reaches_truth(dotted) or (
                 isinstance(node, ast.Attribute) and node.attr in PLANTED_ATTRS):
             out.append(f"line {getattr(node, 'lineno', '?')}: the code reads what perflab planted in the "
                        f"mystery pipeline ({dotted or node.attr}); a diagnosis comes from your measurements "

@@ -1,7 +1,12 @@
-"""The clean training script every mystery pipeline starts from, with the sites bugs are planted at.
+"""The clean training script every mystery pipeline starts from, with the sites code is planted at.
 
 A line `#@ <site>` (indented as the code around it) is where the catalogue's snippets for that site go
 (`perflab.mystery.catalogue`); a clean pipeline has nothing there. `{...}` fields are filled per student.
+
+Every id's script also differs from a classmate's where nothing is planted (`perflab.mystery` draws
+these per id): a `#@ note` line becomes a comment or nothing, a `<<name>>` becomes one of `CHOICES[name]`
+(a local's name, a docstring, a logging interval), and the helpers come in their own order. None of it
+changes what a step computes or costs.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ DATA = "{data}"  # which of perflab's data sets (perflab dataset build --size {d
 IMAGE_SIZE = {image_size}
 BATCH_SIZE = {batch_size}
 RUN_ID = {run_id}  # this experiment's id: it seeds the weights, the sample order and the flips
+<<log_name>> = <<log_every>>  # steps between two log lines of `main`
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 MEAN_VALUES, STD_VALUES = MEAN.flatten().tolist(), STD.flatten().tolist()
+#@ note
 '''
 
 # Helpers a real script carries; each pipeline gets a few, in its own order (so no two students'
@@ -85,7 +92,9 @@ def seconds(ms: float) -> str:
 ''',
 )
 
-DATASET = '''
+# Helpers the pipeline's own code calls, in an order drawn per id.
+CALLED = (
+    '''
 
 def python_collate(batch):
     """Stack (image, label, index) samples into one batch."""
@@ -93,7 +102,8 @@ def python_collate(batch):
     labels = torch.tensor([label for _, label, _ in batch])
     indices = torch.tensor([index for _, _, index in batch])
     return images, labels, indices
-
+''',
+    '''
 
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy of `model` on one batch, in eval mode."""
@@ -102,28 +112,33 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> fl
         correct = (model(images).argmax(1) == labels).float().mean()
     model.train()
     return float(correct)
+''',
+)
 
+DATASET = '''
 
 class JpegFolder(torch.utils.data.Dataset):
-    """The JPEG files of an ImageFolder split: (image tensor, label, index), with a seeded flip."""
+    """<<doc_dataset>>"""
 
     def __init__(self, root, seed: int) -> None:
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.samples = [(path, label) for label, name in enumerate(classes)
                         for path in sorted((root / name).glob("*.jpg"))]
         self.classes = classes
+        #@ note
         self.seed = seed
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int):
-        path, label = self.samples[index]
-        image = Image.open(path).convert("RGB")
+        <<path>>, label = self.samples[index]
+        image = Image.open(<<path>>).convert("RGB")
         #@ load
-        flip = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        #@ note
+        <<flip>> = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         tensor = torch.from_numpy(array).permute(2, 0, 1)
-        if torch.rand((), generator=flip) < 0.5:
+        if torch.rand((), generator=<<flip>>) < 0.5:
             tensor = tensor.flip(-1)
         #@ normalize
         return tensor.contiguous(), label, index
@@ -132,19 +147,20 @@ class JpegFolder(torch.utils.data.Dataset):
 TRAINER = '''
 
 class Trainer:
-    """Model, data and optimizer; `step()` runs one training step."""
+    """<<doc_trainer>>"""
 
     def __init__(self, seed: int, data: str = DATA) -> None:
-        seed = seed * 1_000_003 + RUN_ID
-        torch.manual_seed(seed)
-        self.dataset = JpegFolder(data_root(data) / "train", seed)
+        <<seed>> = seed * 1_000_003 + RUN_ID
+        torch.manual_seed(<<seed>>)
+        self.dataset = JpegFolder(data_root(data) / "train", <<seed>>)
         self.model = torchvision.models.resnet18(num_classes=len(self.dataset.classes))
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True,
             #@ collate
-            generator=torch.Generator().manual_seed(seed))
+            generator=torch.Generator().manual_seed(<<seed>>))
+        #@ note
         self.batches = iter(self.loader)
         self.steps = 0
         #@ init
@@ -168,10 +184,12 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         #@ after_backward
+        #@ note
         with record_function("optimizer"):
             self.optimizer.step()
         #@ after_step
         self.steps += 1
+        #@ note
         return loss.detach(), indices.tolist()
 
 
@@ -189,15 +207,52 @@ def main() -> None:
     args = parser.parse_args()
     trainer = Trainer(args.seed, args.data)
     trainer.step()  # warm-up
-    start = time.perf_counter()
-    for _ in range(args.steps):
+    <<start>> = time.perf_counter()
+    for i in range(args.steps):
         loss, _ = trainer.step()
-    per_step = (time.perf_counter() - start) / args.steps
+        if (i + 1) % <<log_name>> == 0:
+            log.info("step %d: loss %.3f", i + 1, float(loss))
+    <<per_step>> = (time.perf_counter() - <<start>>) / args.steps
     images, labels, _ = trainer.next_batch()
-    print(f"{args.steps} steps: {per_step * 1000:.1f} ms a step, last loss {float(loss):.3f}, "
+    print(f"{args.steps} steps: {<<per_step>> * 1000:.1f} ms a step, last loss {float(loss):.3f}, "
           f"batch accuracy {accuracy(trainer.model, images, labels):.2f}")
 
 
 if __name__ == "__main__":
     main()
 '''
+
+# What a `<<name>>` of the template may become: the first is the plain script's; an id draws one.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "log_name": ("LOG_EVERY", "LOG_INTERVAL", "PRINT_EVERY", "REPORT_EVERY"),
+    "log_every": ("10", "20", "25", "50", "100"),
+    "path": ("path", "file", "jpeg_path", "location"),
+    "flip": ("flip", "coin", "flip_rng", "toss"),
+    "seed": ("seed", "run_seed", "stream", "mixed_seed"),
+    "start": ("start", "t0", "began", "tic"),
+    "per_step": ("per_step", "step_s", "seconds", "mean_step"),
+    "doc_dataset": (
+        "The JPEG files of an ImageFolder split: (image tensor, label, index), with a seeded flip.",
+        "An ImageFolder split of JPEG files, as (image tensor, label, index); the flip is seeded per sample.",
+        "JPEG images of one split, one class per folder: (image tensor, label, index), flipped by a seeded coin.",
+    ),
+    "doc_trainer": (
+        "Model, data and optimizer; `step()` runs one training step.",
+        "Everything one training run needs; `step()` advances it by one optimizer step.",
+        "The training run: model, loader, loss and optimizer (`step()` is one step).",
+    ),
+}
+
+# What a `#@ note` line may become (besides nothing): comments a script gathers over its life.
+NOTES = (
+    "# kept deterministic: two runs with the same seed give the same losses",
+    "# TODO: read these settings from a config file",
+    "# checked against the notebook's run before the refactor",
+    "# see the data set's README for the folder layout",
+    "# plain PyTorch on purpose: no trainer framework, no callbacks",
+    "# the same recipe as the baseline experiment",
+    "# re-run the smoke test after changing anything here",
+    "# (a leftover of the first version of this script)",
+    "# reviewed: nothing to change here",
+    "# numbers in the report come from this script",
+)

@@ -4,7 +4,9 @@ parse of the student's trace. Grader-only (the student bundle and the sandbox le
 
 The planted truth comes from the submission's student id as the grader knows it (`Context.student`),
 never from the notebook: answers copied from another id's pipeline point at lines where this one has
-no bug, and each such finding costs what a right one earns.
+no bug, and each such finding costs what a right one earns. It is recomputed here, by rendering the id's
+pipeline with line tracking (`mystery_truth.truth`); the student's kit writes the pipeline but holds
+no account of what was planted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from perflab import mystery
 from perflab.grading.judging import Context, Mark, Suspicious
 from perflab.grading.probing import decode_float
 from perflab.labs import lab01_mystery
+from perflab.labs.hidden import mystery_truth
+from perflab.labs.hidden.mystery_truth import BY_KEY, Planted, Truth
 from perflab.labs.lab01_mystery import (
     BACKWARD_NODE,
     PHASES,
@@ -26,7 +30,6 @@ from perflab.labs.lab01_mystery import (
     TRACE_KEYS,
     diagnosis_problems,
 )
-from perflab.mystery.catalogue import BY_KEY
 
 # A finding's worth: half for the location, half for the bottleneck type at that location, and both
 # only with a measured saving that agrees with the grader's own measurement of that bug (what only a
@@ -78,8 +81,8 @@ def _student(ctx: Context) -> str:
     return ctx.student
 
 
-def truth(ctx: Context) -> mystery.Mystery:
-    return mystery.for_student(_student(ctx), ctx.mode)
+def truth(ctx: Context) -> Truth:
+    return mystery_truth.truth(_student(ctx), ctx.mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,12 +125,11 @@ def measure_savings_here(student: str, mode: str | None) -> dict[str, float]:
     import tempfile
     from pathlib import Path
 
-    case = mystery.for_student(student, mode)
+    case = mystery_truth.truth(student, mode)
     keys = [p.key for p in case.planted if BY_KEY[p.key].costs_time]
     with tempfile.TemporaryDirectory(prefix="perflab-savings-") as tmp:
         planted = case.write(Path(tmp) / "planted.py")
-        copies = [mystery.for_student(student, mode, bugs=tuple(p.key for p in case.planted if p.key != key)).write(
-            Path(tmp) / f"without_{key}.py") for key in keys]
+        copies = [mystery_truth.without(student, mode, key).write(Path(tmp) / f"without_{key}.py") for key in keys]
         return {key: max(0.0, saved) for key, saved in zip(keys, lab01_mystery.savings(planted, copies), strict=True)}
 
 
@@ -151,18 +153,18 @@ class DiagnosisScore:
     unmeasured: list[str]  # planted bugs located whose saving disagrees with the grader's measurement
 
 
-def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[mystery.Planted],
+def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[Planted],
                     savings: Mapping[str, float] | None = None) -> DiagnosisScore:
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
     bug count once); the type counts where the location does. With `savings` (the grader's measurement,
     bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
     order against the other bugs agrees where the grader's savings differ clearly or the two were
-    planted at different doses (`mystery.Planted.dose`). The marks are shared
+    planted at different doses (`Planted.dose`). The marks are shared
     among the bugs that cost step time: a bug that only holds memory (`Bug.costs_time=False`) saves no
     step time the grader can measure, so the planted truth alone would earn its share; a finding at it
     neither earns nor costs. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
-    matched: list[tuple[mystery.Planted, Mapping[str, Any]]] = []
+    matched: list[tuple[Planted, Mapping[str, Any]]] = []
     stray: list[int] = []
     for finding in findings:
         line = finding.get("line")
@@ -377,7 +379,7 @@ def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]
     }
 
 
-def trace_not_genuine(summary: Any, planted: mystery.Mystery, mode: str | None) -> str | None:
+def trace_not_genuine(summary: Any, planted: Truth, mode: str | None) -> str | None:
     """Why a trace's summary (`lab01_mystery.trace_summary`) is not what torch.profiler writes for this
     pipeline (None when it is): the profiler's metadata, its nesting, the pipeline's labels and ops in
     every step, and the planted bugs' own ops, each consistent with the others."""
