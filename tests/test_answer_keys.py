@@ -262,3 +262,134 @@ def test_no_shipped_source_defines_an_answer_key():
     assert found == {}, f"shipped files define answer keys: {found}"
     assert defined_answer_keys("def reference_final(mode='grade'):\n    pass\n") == ["reference_final"]
     assert defined_answer_keys("from x import calibration_pair\n") == ["calibration_pair"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Lab 1's mystery pipeline: the kit writes it and returns no planted truth (the grader recomputes it)
+
+# What a planted truth is made of: a field, key or attribute of these names in what a shipped function
+# returns carries it.
+TRUTH_FIELDS = frozenset({"planted", "dose", "doses", "kind", "kinds", "lines", "helper_lines", "accepted_lines",
+                          "bug_lines", "symptom", "fix", "tool", "accepts", "helpers", "costs_time"})
+MYSTERY_IDS = ("alice", "bob", "ivan", "judy")
+
+
+def _truth_of(student: str) -> tuple[set[str], set[tuple[int, ...]]]:
+    from perflab.labs.hidden import mystery_truth
+
+    planted = mystery_truth.truth(student).planted
+    return {p.key for p in planted}, {p.lines for p in planted} | {p.helper_lines for p in planted if p.helper_lines}
+
+
+def carried_truth(value: Any, keys: set[str], lines: set[tuple[int, ...]], where: str = "", depth: int = 0) -> list[str]:
+    """Where `value` (what a shipped function returned) carries a planted truth: a field named as one, a
+    planted bug's key as a value, or a planted bug's line numbers."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    if depth > 6 or value is None or isinstance(value, (bool, int, float, bytes, ModuleType, type)) or callable(value):
+        return []
+    if isinstance(value, str):
+        return [f"{where}: {value!r}"] if value in keys else []
+    if isinstance(value, tuple) and value and all(isinstance(v, int) for v in value):
+        return [f"{where}: lines {value}"] if value in lines else []
+    found: list[str] = []
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif isinstance(value, Mapping):
+        fields = {str(k): v for k, v in value.items()}
+        found += [f"{where}[{k!r}]" for k in value if isinstance(k, str) and k in keys]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        fields = {f"{i}": v for i, v in enumerate(value)}
+    else:
+        fields = {k: v for k, v in getattr(value, "__dict__", {}).items() if not k.startswith("_")}
+    found += [f"{where}.{name}" for name in fields if name in TRUTH_FIELDS]
+    for name, item in fields.items():
+        found += carried_truth(item, keys, lines, f"{where}.{name}", depth + 1)
+    return found
+
+
+def mystery_values() -> Iterator[tuple[str, Any]]:
+    """(name, value) of every public module-level value of the shipped perflab.mystery package (what the
+    kit writes every pipeline from: the same for every id)."""
+    from perflab import mystery
+
+    for module in (mystery, mystery.catalogue, mystery.template):
+        for name, value in sorted(vars(module).items()):
+            if not name.startswith("_") and not callable(value) and not isinstance(value, ModuleType):
+                yield f"{module.__name__}.{name}", value
+
+
+def mystery_calls(student: str) -> Iterator[tuple[str, Any]]:
+    """(name, what it returned) for every public function of the shipped perflab.mystery package whose
+    required arguments are a student id and a mode, called with the id (and the tiny mode)."""
+    from perflab import mystery
+
+    for module in (mystery, mystery.catalogue, mystery.template):
+        for name, value in sorted(vars(module).items()):
+            if name.startswith("_") or not callable(value) or getattr(value, "__module__", "") != module.__name__:
+                continue
+            required = _required(value)
+            if required is None or not set(required) <= {"student", "mode", "typed"}:
+                continue
+            params = inspect.signature(value).parameters
+            given = {k: v for k, v in (("student", student), ("typed", student), ("mode", "tiny")) if k in params}
+            yield f"{module.__name__}.{name}({', '.join(given)})", value(**given)
+
+
+@pytest.mark.parametrize("student", MYSTERY_IDS)
+def test_no_public_function_of_the_shipped_mystery_returns_the_planted_truth(student):
+    keys, lines = _truth_of(student)
+    calls = list(mystery_calls(student))
+    assert "perflab.mystery.for_student(student, mode)" in [name for name, _ in calls]
+    leaks = [found for name, value in calls for found in carried_truth(value, keys, lines, name)]
+    assert leaks == [], f"the student's kit returns what was planted for {student}: {leaks}"
+
+
+def test_what_the_shipped_mystery_writes_pipelines_from_says_nothing_of_bugs():
+    """The snippets and the template are the code every pipeline may carry (the same for every id): none of
+    it says which is a bug of what type, what shows it or how it is fixed, or how a dose is judged."""
+    prose = TRUTH_FIELDS - {"lines"}  # a snippet's code lines are what the kit writes
+    found = [f for name, value in mystery_values() for f in carried_truth(value, set(), set(), name)
+             if f.rsplit(".", 1)[-1] in prose]
+    assert found == [], found
+
+
+def test_the_truth_rule_finds_a_planted_truth_put_back():
+    """The detector itself: the grader's truth (as the kit's for_student once returned it), or its keys or
+    lines alone, are found."""
+    from perflab.labs.hidden import mystery_truth
+
+    keys, lines = _truth_of("bob")
+    case = mystery_truth.truth("bob")
+    assert carried_truth(case, keys, lines, "for_student")
+    assert carried_truth({"bugs": sorted(keys)}, keys, lines, "x")
+    assert carried_truth([case.planted[0].lines], keys, lines, "x")
+    assert carried_truth(mystery_truth.BY_KEY["row_loop"], set(), set(), "x")  # prose: symptom, fix, tool
+
+
+def test_the_shipped_mystery_has_no_truth_in_its_api():
+    from perflab import mystery
+    from perflab.mystery import catalogue
+
+    for gone in ("Planted", "draw", "light_dose", "CATALOGUE", "BY_KEY", "Bug"):
+        assert not hasattr(mystery, gone) and not hasattr(catalogue, gone), gone
+    assert list(inspect.signature(mystery.for_student).parameters) == ["student", "mode"]
+    assert not hasattr(mystery.for_student("bob"), "planted")
+    for snippet in catalogue.SNIPPETS:
+        assert not {f for f in vars(snippet)} & TRUTH_FIELDS - {"lines"}, snippet.key
+
+
+def test_no_shipped_file_holds_the_bugs_prose():
+    """The tool, symptom and fix of each bug are the grader's (perflab/labs/hidden/mystery_truth.py): no
+    file the kit ships, package or notebook, holds one of them."""
+    from perflab.labs.hidden.mystery_truth import CATALOGUE
+
+    prose = {text for bug in CATALOGUE for text in (bug.symptom, bug.fix)}
+    assert len(prose) == 2 * len(CATALOGUE)
+    found = []
+    for path, name in bundle.files():
+        if path.suffix in (".py", ".ipynb", ".md", ".json", ".txt", ".html"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{name}: {p[:50]!r}" for p in prose if p in text]
+    assert found == [], found

@@ -3,6 +3,7 @@ no solution, no hidden test, no model answer, no instructor folder."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -276,3 +277,32 @@ def test_in_the_unpacked_kit_a_cell_copying_the_answer_key_fails_and_calibration
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
     assert "calibration is the instructor's" in run.stderr and "not in this kit" in run.stderr, run.stderr
     assert not (root / "bars").exists()
+
+
+def test_in_the_unpacked_kit_the_mystery_pipeline_is_written_and_its_truth_is_not_there(shipped, tmp_path):
+    """Lab 1's kit writes each id's pipeline and holds no account of it: `for_student` gives the source and
+    the run, nothing planted; the old truth (`Planted`, `draw`, `light_dose`, the catalogue's prose) is
+    gone, the grader's module is not there, and no shipped file holds a bug's symptom or fix."""
+    from perflab import mystery
+    from perflab.labs.hidden.mystery_truth import CATALOGUE
+
+    root = _unpack(shipped, tmp_path)
+    code = ("import sys, dataclasses; sys.path.insert(0, '.')\n"
+            "from perflab import mystery\nimport perflab.mystery.catalogue as cat\n"
+            "case = mystery.for_student('bob')\n"
+            "print(sorted(f.name for f in dataclasses.fields(case)))\n"
+            "print([n for n in ('Planted', 'draw', 'light_dose', 'CATALOGUE', 'BY_KEY') if hasattr(mystery, n)])\n"
+            "print(sorted({f.name for s in cat.SNIPPETS for f in dataclasses.fields(s)}))\n"
+            "print(len(case.source))\n"
+            "try:\n    import perflab.labs.hidden.mystery_truth\nexcept ImportError as exc:\n"
+            "    print(type(exc).__name__)\n")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fields, old, snippet_fields, length, missing = out.stdout.split("\n")[:5]
+    assert fields == "['run_id', 'source', 'student']" and old == "[]", out.stdout
+    assert not {"kind", "tool", "symptom", "fix", "accepts", "helpers", "costs_time"} & set(ast.literal_eval(snippet_fields))
+    assert int(length) == len(mystery.for_student("bob").source) and missing == "ModuleNotFoundError"
+    prose = {text for bug in CATALOGUE for text in (bug.symptom, bug.fix)}
+    holding = [name for name, data in shipped.items()
+               if name.endswith((".py", ".ipynb", ".md", ".json", ".txt")) and any(p in _text(name, data) for p in prose)]
+    assert holding == [], holding
