@@ -15,6 +15,7 @@ import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import labs_helpers as H
 import nbformat
@@ -146,15 +147,32 @@ def answered(lab: str) -> nbformat.NotebookNode:
     return demo.reference_notebook(source, release)
 
 
+_AT_HOME: dict[str, nbformat.NotebookNode] = {}
+
+
+@pytest.fixture(scope="module")
+def at_home(tmp_path_factory, tiny_data):
+    """The released notebook answered with today's reference, run once as a student runs it at home (tiny
+    mode, saved with its outputs): the run the next two tests read, and the copy the second hands in."""
+    def run(lab: str) -> tuple[nbformat.NotebookNode, Path]:
+        folder = tmp_path_factory.getbasetemp() / "released-at-home" / lab
+        if lab not in _AT_HOME:
+            from perflab import demo
+
+            _AT_HOME[lab] = demo.home_run(answered(lab), folder, "tiny", name=f"{lab}.ipynb")
+        return _AT_HOME[lab], folder / f"{lab}.ipynb"
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_a_released_notebook_runs_top_to_bottom_with_its_own_test_cells(lab: str, tiny_data, tmp_path) -> None:
+def test_a_released_notebook_runs_top_to_bottom_with_its_own_test_cells(lab: str, at_home) -> None:
     """As a student runs it before submitting: its own (released) visible test cells call the moved names;
     every cell runs, and no test cell writes to stderr."""
-    path = tmp_path / "src" / f"{lab}.ipynb"
-    path.parent.mkdir()
-    nbformat.write(answered(lab), path)
-    nb, _ = build.run_notebook(path, mode="tiny", workdir=tmp_path / "work")
+    nb, _ = at_home(lab)
+    errors = [f"{H.nbgrader_meta(c).get('grade_id')}: {o.get('ename')}: {o.get('evalue', '')[:300]}"
+              for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
     noisy = [f"{H.nbgrader_meta(c).get('grade_id')}: "
              + "".join(o.get("text", "") for o in c.get("outputs", []) if o.get("name") == "stderr")[:300]
              for c in nb.cells if H.nbgrader_meta(c).get("grade") and not H.nbgrader_meta(c).get("solution")
@@ -164,14 +182,12 @@ def test_a_released_notebook_runs_top_to_bottom_with_its_own_test_cells(lab: str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_a_released_notebook_with_todays_answers_grades_as_the_reference(lab: str, tiny_data) -> None:
+def test_a_released_notebook_with_todays_answers_grades_as_the_reference(lab: str, at_home) -> None:
     """Submitted to the lab's course and graded by the real pipeline against today's code, the released
-    notebook earns on every autograded cell what today's reference solution earns."""
+    notebook, saved after it ran as a student hands it in, earns on every autograded cell what today's
+    reference solution earns."""
     course = H.course_for(lab)
-    path = course / STUDENT / f"{lab}.ipynb"
-    path.parent.mkdir(exist_ok=True)
-    nbformat.write(answered(lab), path)
-    run = H.autograde(course, lab, STUDENT, H.run_at_home(lab, path))  # saved after running, as handed in
+    run = H.autograde(course, lab, STUDENT, at_home(lab)[1])
     reference = H.graded_solution(lab)
     assert not run.errors(), run.errors()
     assert not run.stderr_test_cells(), run.stderr_test_cells()
