@@ -1,8 +1,8 @@
 """What a notebook measured at home, carried to the grader in the notebook's own outputs.
 
 A decision (lab 2's BEST, lab 3's AMP_CONFIG, lab 5's CHOICE, lab 6's FINAL) rests on the student's own
-measurements, and the grade
-on the grader's re-measurement of what was decided. Grading therefore never repeats the homework:
+measurements, and the grade on the grader's re-measurement of what was decided. Grading therefore never
+repeats the homework:
 
 * At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
   screening, ablation (`measure_ablation`, or `measure_chain` in a notebook released before it) and
