@@ -214,7 +214,9 @@ def run_at_home(lab: str, notebook: Path) -> Path:
 
     if lab not in homework.LABS:
         return notebook
-    folder = _session_root() / "home" / f"{lab}-{notebook.stem}-{len(_RUNS)}"
+    # A folder of its own under a parent of its own: a lab reads the results of the labs beside it (lab 6
+    # reads labs 2-5's decisions), and this lab is graded alone.
+    folder = _session_root() / "home" / f"{lab}-{notebook.stem}-{len(_RUNS)}" / lab
     demo.home_run(nbformat.read(notebook, as_version=4), folder, "tiny", name=f"{lab}.ipynb")
     return folder / f"{lab}.ipynb"
 

@@ -220,7 +220,7 @@ _LAB_SIZES = {
 
 
 # The notebook's own timing budgets in the grading kernel: the smallest that still runs its code.
-GRADING_BUDGET = dict(phase_steps=2, sweep_batches=4, sweep_steps=1, sweep_rounds=1, compare_blocks=2, compare_block_size=1)
+GRADING_BUDGET = dict(phase_steps=2, sweep_batches=4, sweep_steps=2, sweep_rounds=1, compare_blocks=2, compare_block_size=1)
 
 
 def sizes(mode: str | None = None) -> LabSizes:
