@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -32,19 +33,27 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
 
     from perflab.labs.hidden import mystery_truth
     from perflab.labs.hidden.mystery_truth import CATALOGUE
+    from perflab.mystery.catalogue import AMOUNTS
     from perflab.verify.protocol import VERIFY_THREADS
 
     torch.set_num_threads(VERIFY_THREADS)  # what the grader's re-measurement runs the pipelines on
-    variants: dict[str | None, tuple[tuple[str, ...], str | None]] = {None: ((), None)}
+    # Each dose at each amount an id can draw (`catalogue.AMOUNTS`), rendered for an id that drew it.
+    variants: dict[str | None, tuple[str, tuple[str, ...], str | None]] = {None: ("bench", (), None)}
     for bug in CATALOGUE:
-        variants[bug.key + (" (light)" if bug.always_light else "")] = ((bug.key,), None)
-        if bug.light:
-            variants[f"{bug.key} (light)"] = ((bug.key,), bug.key)
+        for dose in (("light",) if bug.always_light else ("full", "light") if bug.light else ("full",)):
+            names = sorted({n for line in bug.code(dose) for n in re.findall(r"<<(\w+)>>", line)})
+            label = bug.key + (" (light)" if dose == "light" else "")
+            light = bug.key if dose == "light" and bug.light else None
+            if not names:
+                variants[label] = ("bench", (bug.key,), light)
+            for name in names:
+                for option in AMOUNTS[name]:
+                    variants[f"{label} [{name}={option}]"] = (_id_drawing(name, option), (bug.key,), light)
     keys = list(variants)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fns = {k: mystery_truth.pipeline("bench", bugs=bugs, light=light).module().make_step(0)
-               for k, (bugs, light) in variants.items()}
+        fns = {k: mystery_truth.pipeline(student, bugs=bugs, light=light).module().make_step(0)
+               for k, (student, bugs, light) in variants.items()}
         for fn in fns.values():
             fn()
             fn()
@@ -56,6 +65,13 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
                     fns[k]()
                 best[k] = min(best[k], (time.perf_counter() - start) / steps)
     return best
+
+
+def _id_drawing(name: str, option: str) -> str:
+    """An id whose pipelines take `option` for the amount `name`."""
+    from perflab import mystery
+
+    return next(f"bench{i}" for i in range(10_000) if mystery._amounts(f"bench{i}")[name] == option)
 
 
 def verified_fix(student: str) -> dict[str, object]:

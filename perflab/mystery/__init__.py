@@ -32,6 +32,7 @@ from typing import Any
 
 from perflab.mystery import template
 from perflab.mystery.catalogue import (
+    AMOUNTS,
     CLEAN,
     KINDS,
     SNIPPET_BY_KEY,
@@ -39,6 +40,7 @@ from perflab.mystery.catalogue import (
     STEP_SITES,
     TOOLS,
     Snippet,
+    with_amounts,
 )
 
 __all__ = ["BUGS_PER_PIPELINE", "KINDS", "TOOLS", "Mystery", "for_student", "planted_step", "sizes_for", "student_id"]
@@ -161,6 +163,13 @@ def _doses(chosen: tuple[Snippet, ...], light: str | None) -> tuple[tuple[str, s
     return tuple((s.key, "light" if s.always_light or (s.key == light and s.light) else "full") for s in chosen)
 
 
+def _amounts(student: str) -> dict[str, str]:
+    """How much of the work each snippet takes in `student`'s pipelines (`catalogue.AMOUNTS`): drawn from
+    the id alone, so every copy of one id's pipeline (one without a bug) keeps the others' amounts."""
+    rng = random.Random(_seed(student) ^ 0xA307)
+    return {name: rng.choice(options) for name, options in sorted(AMOUNTS.items())}
+
+
 def _plan(student: str) -> tuple[tuple[str, str], ...]:
     chosen = _draw(student)
     return _doses(chosen, _light(student, chosen))
@@ -188,6 +197,7 @@ def _render(student: str, mode: str | None, plan: tuple[tuple[str, str], ...],
     choice = {name: edits.choice(options) for name, options in sorted(template.CHOICES.items())}
     text = _CHOICE.sub(lambda m: choice[m.group(1)], text)
     notes = edits.sample(template.NOTES, len(template.NOTES))
+    amounts = _amounts(student)
     by_site: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     for snippet, dose in chosen:
         lines = snippet.light if dose == "light" and snippet.light else snippet.lines
@@ -216,12 +226,12 @@ def _render(student: str, mode: str | None, plan: tuple[tuple[str, str], ...],
         if name == "init":
             for snippet, _ in chosen:
                 for code in snippet.init:
-                    put(snippet.key, indent + code)
+                    put(snippet.key, indent + with_amounts(code, amounts))
             continue
         placing = by_site.get(name, [])
         if not placing:
             out.extend(indent + code for code in CLEAN[name])
         for key, lines in placing:
             for code in lines:
-                put(key, indent + code)
+                put(key, indent + with_amounts(code, amounts))
     return Mystery(student, "\n".join(out) + "\n", run_id)

@@ -3,12 +3,14 @@
 Each snippet is lines a real training script carries, placed at one site of the template in place of
 that site's clean lines; some also need a line of state in `Trainer.__init__` (`init`) or change a
 second site (`also`). A snippet comes in one form (`lines`), or two (`light`: the same code on a
-smaller part of the work). This module holds only what writing a pipeline needs: which snippets a
-student's pipeline holds, where and why they are slow is for the student to measure (lab 1, part 10).
+smaller part of the work); a `<<name>>` in its lines is an amount each id draws (`AMOUNTS`). This
+module holds only what writing a pipeline needs: which snippets a student's pipeline holds, where and
+why they are slow is for the student to measure (lab 1, part 10).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # The bottleneck types a diagnosis names (lab 1's four-phase method).
@@ -44,11 +46,13 @@ class Snippet:
     always_light: bool = False  # `lines` is its only form, and counts as the light one
     also: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (site, lines) the first form also replaces
 
-    def code(self, dose: str = "full") -> tuple[str, ...]:
-        """Every line it places in the form `dose` ("full" or "light"), in the order they appear."""
+    def code(self, dose: str = "full", amounts: dict[str, str] | None = None) -> tuple[str, ...]:
+        """Every line it places in the form `dose` ("full" or "light"), in the order they appear, with an
+        id's `amounts` (`AMOUNTS`) in place of its `<<name>>`s."""
         light = dose == "light" and bool(self.light)
-        return (*self.init, *(self.light if light else self.lines),
-                *(line for _, lines in (() if light or self.always_light else self.also) for line in lines))
+        lines = (*self.init, *(self.light if light else self.lines),
+                 *(line for _, lines in (() if light or self.always_light else self.also) for line in lines))
+        return tuple(with_amounts(line, amounts or {}) for line in lines)
 
     def __post_init__(self) -> None:
         if self.site not in CLEAN or any(site not in CLEAN for site, _ in self.also):
@@ -68,23 +72,26 @@ SNIPPETS: tuple[Snippet, ...] = (
     Snippet("row_loop", "normalize",
             ("for c in range(3):",
              "    for row in range(IMAGE_SIZE):",
-             "        for half in (slice(0, IMAGE_SIZE // 2), slice(IMAGE_SIZE // 2, IMAGE_SIZE)):",
-             "            tensor[c, row, half] = (tensor[c, row, half] - MEAN_VALUES[c]) / STD_VALUES[c]"),
+             "        for part in range(0, IMAGE_SIZE, <<row_part>>):",
+             "            tensor[c, row, part:part + <<row_part>>] = ((tensor[c, row, part:part + <<row_part>>]"
+             " - MEAN_VALUES[c]) / STD_VALUES[c])"),
             light=("for c in range(3):",
-                   "    for row in range(0, IMAGE_SIZE, 8):",
-                   "        tensor[c, row:row + 8] = (tensor[c, row:row + 8] - MEAN_VALUES[c]) / STD_VALUES[c]")),
+                   "    for row in range(0, IMAGE_SIZE, <<row_block>>):",
+                   "        tensor[c, row:row + <<row_block>>] = ((tensor[c, row:row + <<row_block>>] - MEAN_VALUES[c])"
+                   " / STD_VALUES[c])")),
     Snippet("python_collate", "collate", ("collate_fn=python_collate,",), always_light=True),
     Snippet("grad_histograms", "after_backward",
             ("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
-             "                   for name, p in self.model.named_parameters()}"),
+             "                   for name, p in list(self.model.named_parameters())[::<<histogram_every>>]}"),
             light=("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
                    "                   for name, p in self.model.named_parameters() if name.startswith(\"fc.\")}")),
     Snippet("anomaly", "forward",
             ('with record_function("forward"), torch.autograd.detect_anomaly():  # catch NaNs early',),
             also=(("backward", ('with record_function("backward"), torch.autograd.detect_anomaly():',)),)),
     Snippet("eval_accuracy", "after_step",
-            ("self.train_accuracy = accuracy(self.model, torch.cat([images, images.flip(-1)]),  # with flips",
-             "                               labels.repeat(2))")),
+            ("seen = images[:<<accuracy_seen>>]  # a sample of the batch, with flips",
+             "self.train_accuracy = accuracy(self.model, torch.cat([seen, seen.flip(-1)]),",
+             "                               labels[:<<accuracy_seen>>].repeat(2))")),
     Snippet("snapshot", "after_step",
             ("self.best = (copy.deepcopy(self.model),  # keep the best checkpoint",
              "             copy.deepcopy(self.optimizer.state_dict()))"),
@@ -94,3 +101,18 @@ SNIPPETS: tuple[Snippet, ...] = (
 )
 
 SNIPPET_BY_KEY = {snippet.key: snippet for snippet in SNIPPETS}
+
+# How much of the work a snippet's `<<name>>` takes: each id draws one of each (`perflab.mystery`), so what
+# a snippet costs differs from one pipeline to the next and is known only by measuring that pipeline.
+AMOUNTS: dict[str, tuple[str, ...]] = {
+    "row_part": ("8", "11", "16"),  # columns per operation of a row (2 to 4 operations a row)
+    "row_block": ("6", "8", "11"),  # rows per operation (3 to 6 operations a channel)
+    "histogram_every": ("1", "2"),  # every parameter, or every other one
+    "accuracy_seen": ("8", "10", "12", "16"),  # images of the batch the accuracy is measured on
+}
+_AMOUNT = re.compile(r"<<(\w+)>>")
+
+
+def with_amounts(line: str, amounts: dict[str, str]) -> str:
+    """`line` with each `<<name>>` of AMOUNTS replaced by `amounts[name]` (left as it is without one)."""
+    return _AMOUNT.sub(lambda m: amounts.get(m.group(1), m.group(0)), line)

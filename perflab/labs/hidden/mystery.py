@@ -30,6 +30,7 @@ from perflab.labs.lab01_mystery import (
     TRACE_KEYS,
     diagnosis_problems,
 )
+from perflab.mystery.catalogue import AMOUNTS
 
 # A finding's worth: half for the location, half for the bottleneck type at that location, and both
 # only with a measured saving that agrees with the grader's own measurement of that bug (what only a
@@ -361,16 +362,21 @@ RESNET18_PARAMS = 62
 MIN_STEP_OPS = 200
 
 
+# The most rows one operation of a light row loop takes, over the amounts an id can draw.
+_MOST_ROWS = max(int(rows) for rows in AMOUNTS["row_block"])
+
+
 def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]:
     """Per planted bug that leaves its own ops in a step's trace: (what shows, a test of a step's summary
     that holds when the bug is there and fails when it is not, whether the test holds at the bug's light
     dose too), measured on traces of each bug alone at each dose."""
     return {
         "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1, True),
-        # A tensor op per half row, or per 8 rows at a light dose (3 * IMAGE_SIZE / 8 an image: exactly the
-        # bound, so IMAGE_SIZE must be a multiple of 8, as every mode's is); the clean pipeline subtracts once.
+        # A tensor op per part of a row, or per few rows at a light dose: at least 3 * ceil(IMAGE_SIZE / the
+        # most rows an id's light dose takes) an image (`catalogue.AMOUNTS`, exactly the bound at that
+        # amount); the clean pipeline subtracts once.
         "row_loop": ("an aten::sub per few image rows",
-                     lambda s: s["counted"]["aten::sub"] >= 3 * (image_size // 8) * batch, True),
+                     lambda s: s["counted"]["aten::sub"] >= 3 * -(-image_size // _MOST_ROWS) * batch, True),
         "eval_accuracy": ("a second forward's convolutions",
                           lambda s: s["counted"]["aten::convolution"] >= 2 * RESNET18_CONVS, True),
         # A light dose copies two tensors, fewer than the clones any step records: no test there.

@@ -62,9 +62,10 @@ class Bug:
     def always_light(self) -> bool:
         return self.snippet.always_light
 
-    def code(self, dose: str = "full") -> tuple[str, ...]:
-        """Every line it plants at `dose` ("full" or "light"), in the order they appear in a pipeline."""
-        return self.snippet.code(dose)
+    def code(self, dose: str = "full", amounts: dict[str, str] | None = None) -> tuple[str, ...]:
+        """Every line it plants at `dose` ("full" or "light"), in the order they appear in a pipeline, with an
+        id's drawn `amounts` (`mystery._amounts`)."""
+        return self.snippet.code(dose, amounts)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -99,7 +100,8 @@ CATALOGUE: tuple[Bug, ...] = (
         "every forward op records a Python stack trace for anomaly mode (traceback functions fill a step)",
         "anomaly detection is a debugging aid: leave it off for training", accepts=("compute",)),
     Bug("eval_accuracy", "compute", "torch.profiler",
-        "every step runs the model's forward ops twice (twice the convolutions of one forward)",
+        "every step runs the model's forward ops again on a sample of the batch and its flips (up to twice "
+        "the convolutions of one forward)",
         "measure accuracy once at the end, or from the outputs the step already has", helpers=("accuracy",)),
     Bug("snapshot", "memory", "memory profiler",
         "a copy of the weights is allocated each step (tens of MiB per step through the allocator at a full dose)",
