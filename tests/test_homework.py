@@ -299,6 +299,11 @@ def test_a_decision_from_another_kind_of_device_or_none_at_all_is_made_again_and
     homework.write_file(homework.RECORDED, tmp_path)
     _grading_kernel(monkeypatch)
     assert lab05.sizes().compare_blocks == 2 and lab05.sizes("tiny").compare_blocks == 10
+    # Graded on a GPU (simulated), the laptop's record is not this device's: the comparisons keep their
+    # budget, so the decision made again rests on a measurement, not on two blocks.
+    with monkeypatch.context() as graded_on_a_gpu:
+        graded_on_a_gpu.setattr(homework, "_device_kind", lambda: "cuda")
+        assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks
     choice, why = lab05.as_decided("default", "default cleared the keep rule", "cuda")
     assert (choice, why) == ("default", "default cleared the keep rule")
     out = capsys.readouterr().out

@@ -84,20 +84,12 @@ def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[
     key = json.loads(json.dumps(key))  # the form it takes in the notebook and back
     if not _grading_kernel():
         result = measure()
-        entry = {"kind": kind, "key": key, "value": encode(result)}
-        RECORDED.append(entry)
-        _show(entry, f"[{what}: recorded in this output for the grader; save the notebook to keep it]")
+        _record(kind, key, encode(result), what)
         return result
-    entry = _take(kind, key)
-    if entry is not None:
-        try:
-            result = decode(entry["value"])
-        except (TypeError, ValueError, KeyError, AttributeError):
-            EVENTS.append({"kind": kind, "key": key, "event": "unreadable"})
-        else:
-            EVENTS.append({"kind": kind, "key": key, "event": "replayed"})
-            print(f"[{what}: replayed from your home run; the grade rests on the grader's own re-measurement]")
-            return result
+    found, result = _replay(kind, key, decode)
+    if found:
+        print(f"[{what}: replayed from your home run; the grade rests on the grader's own re-measurement]")
+        return result
     EVENTS.append({"kind": kind, "key": key, "event": "quick"})
     print(f"[{what}: this notebook carries no home measurement of it, so it ran at the smallest budget "
           f"({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement. Run the notebook, save it, "
@@ -116,32 +108,47 @@ def decided(kind: str, value: T, *, device: str, encode: Callable[[T], Any], dec
     raise ValueError for a record that is not a decision this notebook could have made: it is not used."""
     key = {"device": str(device), "code": _digest(previous_cell())}
     if not _grading_kernel():
-        entry = {"kind": kind, "key": key, "value": encode(value)}
-        RECORDED.append(entry)
-        _show(entry, f"[{what}: recorded in this output for the grader; save the notebook to keep it]")
+        _record(kind, key, encode(value), what)
         return value
+    found, home = _replay(kind, key, decode)
+    if found:
+        print(f"[{what}: {show(home)}, as your home run decided it; the grade rests on the grader's own "
+              "re-measurement]")
+        return home
+    others = [e["key"] for e in _book() if e["kind"] == kind and isinstance(e.get("key"), dict)]
+    EVENTS.append({"kind": kind, "key": key, "event": "quick"})
+    if any(k.get("device") == key["device"] for k in others):
+        why = ("the cell that decides it changed after the run your notebook saved, so it is decided again from "
+               "this run's measurements, taken at the smallest budget")
+    elif others:
+        why = (f"your home run decided on {others[0].get('device')}, this grader runs {device}, so it is decided "
+               "again from this run's measurements")
+    else:
+        why = "this notebook carries no home run of it, so it is decided from this run's measurements"
+    print(f"[{what}: {why}: {show(value)}]")
+    return value
+
+
+def _record(kind: str, key: Any, value: Any, what: str) -> None:
+    """At home: the entry, kept for this process and shown as an output of the running cell."""
+    entry = {"kind": kind, "key": key, "value": value}
+    RECORDED.append(entry)
+    _show(entry, f"[{what}: recorded in this output for the grader; save the notebook to keep it]")
+
+
+def _replay(kind: str, key: Any, decode: Callable[[Any], T]) -> tuple[bool, T | None]:
+    """In the grading kernel: (True, the decoded value) of the home run's entry for (`kind`, `key`), each
+    entry used once; (False, None) where there is none or it cannot be decoded. Each outcome is an EVENT."""
     entry = _take(kind, key)
     if entry is not None:
         try:
-            home = decode(entry["value"])
+            value = decode(entry["value"])
         except (TypeError, ValueError, KeyError, AttributeError):
             EVENTS.append({"kind": kind, "key": key, "event": "unreadable"})
         else:
             EVENTS.append({"kind": kind, "key": key, "event": "replayed"})
-            print(f"[{what}: {show(home)}, as your home run decided it; the grade rests on the grader's own "
-                  "re-measurement]")
-            return home
-    others = [e["key"] for e in _book() if e["kind"] == kind and isinstance(e.get("key"), dict)]
-    EVENTS.append({"kind": kind, "key": key, "event": "quick"})
-    if any(k.get("device") == key["device"] for k in others):
-        why = "the cell that decides it changed after the run your notebook saved"
-    elif others:
-        why = f"your home run decided on {others[0].get('device')}, this grader runs {device}"
-    else:
-        why = "this notebook carries no home run of it"
-    print(f"[{what}: {why}, so it is decided again from this run's measurements, taken at the smallest budget: "
-          f"{show(value)}]")
-    return value
+            return True, value
+    return False, None
 
 
 def previous_cell() -> str | None:
@@ -169,13 +176,25 @@ def smallest(sizes: T, *, decided_by: str | None = None, **budget: Any) -> T:
     in the grading kernel, unchanged at home: the grade reads only the grader's re-measurements and what
     the home run recorded, so the notebook's timing cells only have to run their code. `decided_by`: the
     kind of the record (`decided`) the lab's decision is replayed from; where the notebook carries none
-    (it was not saved after running, or was released before the record), the budgets stay, so the
-    notebook decides on a measurement."""
+    made on this kind of device (it was not saved after running, was released before the record, or ran
+    at home on a laptop's CPU and is graded on a GPU), the budgets stay, so the notebook decides on a
+    measurement."""
     if not _grading_kernel():
         return sizes
-    if decided_by is not None and not any(e["kind"] == decided_by for e in _book()):
+    if decided_by is not None and not any(e["kind"] == decided_by and isinstance(e.get("key"), dict)
+                                          and e["key"].get("device") == _device_kind() for e in _book()):
         return sizes
     return dataclasses.replace(sizes, **budget)  # type: ignore[type-var]
+
+
+def _device_kind() -> str | None:
+    """The kind of device this kernel runs on ("cpu", "cuda", "mps"), None where it has none."""
+    from perflab import env
+
+    try:
+        return env.pick_device().type
+    except Exception:  # noqa: BLE001 - a kernel without its device: the notebook's first cell says why
+        return None
 
 
 def _show(entry: Mapping[str, Any], note: str) -> None:
