@@ -9,10 +9,12 @@
    are clearly apart); a memory bug may cost none.
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
    `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
-3. For each id: what the grader measures each bug that costs time to save (`measured_savings`, its fresh
-   child), and the most of the diagnosis a truth reader earns there, one that types the planted lines and
-   types with one constant saving (the best constant of 0 to 0.6, judged against the better of the
-   grader's two measurements): how much the savings gate alone holds.
+3. For each id: its bugs' doses and drawn amounts, what the grader measures each bug that costs time to
+   save (`measured_savings`, its fresh child), and the most of the diagnosis a truth reader earns there:
+   one that types the planted lines and types with one constant saving (the best constant of 0 to 0.6)
+   or with the catalogue's typical cost of each dose, judged against the better of the grader's two
+   measurements. Typed, such savings earn the locations only (no measurement of the notebook's run is
+   behind them); the bench shows beside it what they would earn had the run read them.
 """
 
 from __future__ import annotations
@@ -90,24 +92,47 @@ def verified_fix(student: str) -> dict[str, object]:
 
 
 CONSTANTS = tuple(i / 100 for i in range(0, 61, 2))
+# A catalogue reader's typical cost per dose: about the middle of the first table's full doses (0.16-0.52
+# of a step here) and of its light ones (under 0.07).
+TYPICAL = {"full": 0.30, "light": 0.03}
 
 
-def constant_truth_reader(student: str) -> tuple[dict[str, float], float, float | None]:
-    """(the grader's first measured savings, the best fraction of the diagnosis a constant earns with the
-    planted truth, that constant). Each constant is judged as the grader judges it: against the better of
-    its two measurements (the second is taken where the first disagrees)."""
+def truth_readers(student: str) -> dict[str, object]:
+    """What the grader measures of `student`'s bugs, and the most of the diagnosis a reader of the planted
+    truth (every planted line and type right) earns with a saving it did not measure: one constant for
+    every bug (the best of 0 to 0.6), or the catalogue's typical cost of each bug's dose (TYPICAL). Each
+    is judged as the grader judges it, typed ("typed", no measurement of the notebook's run behind it) and,
+    to show what that check holds, as if the notebook's run had read those figures ("as if measured"),
+    against the better of the grader's two measurements (the second is taken where the first disagrees).
+    Returns {"savings", "amounts", "constant": (typed, as if measured, the constant), "typical": (typed,
+    as if measured)}."""
+    from perflab import mystery
     from perflab.labs.hidden import mystery_truth
     from perflab.labs.hidden.mystery import measured_savings, score_diagnosis
 
     planted = mystery_truth.truth(student).planted
     readings = [measured_savings(student, None, attempt) for attempt in (0, 1)]
-    best, which = 0.0, None
-    for constant in CONSTANTS:
-        findings = [{"line": p.lines[-1], "kind": p.kind, "saves": constant} for p in planted]
-        fraction = max(score_diagnosis(findings, planted, savings).fraction for savings in readings)
-        if fraction > best:
-            best, which = fraction, constant
-    return readings[0], best, which
+
+    def earned(saves: dict[str, float], measured: bool) -> float:
+        findings = [{"line": p.lines[-1], "kind": p.kind, "saves": saves[p.key]} for p in planted]
+        log = [{"planted": "d", "lines": list(p.lines), "saves": saves[p.key]} for p in planted] if measured else []
+        return max(score_diagnosis(findings, planted, savings, log, "d").fraction for savings in readings)
+
+    keys = [p.key for p in planted]
+    constant = max(((earned(dict.fromkeys(keys, c), True), c) for c in CONSTANTS), key=lambda pair: pair[0])
+    typical = {p.key: TYPICAL[p.dose] for p in planted}
+    drawn = mystery._amounts(student)
+    amounts = {p.key: {n: drawn[n] for n in _amount_names(p.key, p.dose)} for p in planted}
+    return {"savings": readings[0], "amounts": amounts, "doses": {p.key: p.dose for p in planted},
+            "constant": (earned(dict.fromkeys(keys, constant[1]), False), constant[0], constant[1]),
+            "typical": (earned(typical, False), earned(typical, True))}
+
+
+def _amount_names(key: str, dose: str) -> list[str]:
+    """The drawn amounts (`catalogue.AMOUNTS`) a bug's snippet at `dose` uses."""
+    from perflab.labs.hidden.mystery_truth import BY_KEY
+
+    return sorted({n for line in BY_KEY[key].code(dose) for n in re.findall(r"<<(\w+)>>", line)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,12 +163,19 @@ def main(argv: list[str] | None = None) -> int:
         ci = f"CI {v.ci[0]:.2f}-{v.ci[1]:.2f}x" if v.ci else "no CI"
         print(f"  {student:10s} {', '.join(got['bugs']):45s} {v.outcome:5s} "
               f"{(v.speedup or 0):.2f}x ({ci}) in {v.elapsed_seconds:.0f} s")
-    print("\nthe grader's measured savings, and the most a truth reader with one constant saving earns:")
+    print("\neach id's bugs (dose, drawn amounts), the grader's measured saving of each, and the most of the "
+          "diagnosis a reader of the planted truth earns with savings it typed (as if measured: what it would "
+          "earn if the notebook's run had read them):")
     for student in args.ids:
-        savings, best, constant = constant_truth_reader(student)
-        said = ", ".join(f"{k} {v:.2f}" for k, v in savings.items())
-        print(f"  {student:10s} {said:55s} {best:4.0%} of the diagnosis"
-              + (f" (saves {constant:.2f} for every bug)" if constant is not None else ""))
+        got = truth_readers(student)
+        print(f"  {student}")
+        for key, saved in got["savings"].items():
+            drawn = ", ".join(f"{n}={v}" for n, v in got["amounts"][key].items()) or "no drawn amount"
+            print(f"    {key:18s} {got['doses'][key]:5s} {drawn:24s} saves {saved:5.2f} of a step")
+        typed, as_if, constant = got["constant"]
+        print(f"    one constant ({constant:.2f}): {typed:4.0%} typed, {as_if:4.0%} as if measured; "
+              f"typical cost per dose {TYPICAL}: {got['typical'][0]:4.0%} typed, {got['typical'][1]:4.0%} "
+              "as if measured")
     return 0
 
 

@@ -68,6 +68,11 @@ def _release():
      "perflab.mystery._render"),
     ("from perflab.mystery import _draw\nbugs = _draw('me')", "perflab.mystery._draw"),
     ("import importlib\nm = importlib.import_module('perflab.mystery')\nf = getattr(m, '_doses')", "perflab.mystery._doses"),
+    # The log of what the notebook measured, which makes a typed saving count as measured.
+    ("from perflab.labs import lab01_mystery\nlab01_mystery._MEASURED.append({'saves': 0.3})",
+     "perflab.labs.lab01_mystery._MEASURED"),
+    ("from perflab.labs.lab01_mystery import _remember\n_remember('p.py', ['c.py'], [0.3])",
+     "perflab.labs.lab01_mystery._remember"),
     # The planted truth by a spelling no text names: a computed module name, getattr, sys.modules.
     ("import importlib\nm = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
      "case = getattr(m, 'for_' + 'student')('me')", "whose name it computes"),

@@ -29,9 +29,34 @@ def _ctx(student: str, observations: dict[str, Any], mode: str = "tiny") -> judg
     return judging.Context(LAB, 11, mode, observations, student=student)
 
 
-def _mark(grade_id: str, namespace: dict[str, Any], student: str) -> judging.Mark:
-    observations = run_probes({grade_id: lab01_mystery.PROBES[grade_id]}, namespace, 11)
+def _log(planted: Any, findings: Any, digest: str) -> list[dict[str, Any]]:
+    """What `lab01_mystery.savings` logs in a notebook that timed, for each finding at a planted bug, a
+    copy changing that bug's lines alone, and read the finding's `saves`."""
+    out = []
+    for f in findings if isinstance(findings, list) else []:
+        line = f.get("line") if isinstance(f, dict) else None
+        hit = next((p for p in planted if isinstance(line, int) and line in p.accepted_lines), None)
+        if hit is not None and isinstance(f.get("saves"), (int, float)):
+            out.append({"planted": digest, "lines": list(hit.lines), "saves": float(f["saves"])})
+    return out
+
+
+def _mark(grade_id: str, namespace: dict[str, Any], student: str, measured: bool = True) -> judging.Mark:
+    """`grade_id`'s mark for `namespace`; with `measured`, as if the notebook's run had measured each
+    finding's saving (`_log`); without, as if it typed them."""
+    case = truths.truth(student, "tiny")
+    log = _log(case.planted, namespace.get("DIAGNOSIS"), lab01_mystery.text_digest(case.source)) if measured else []
+    lab01_mystery._MEASURED[:] = log
+    try:
+        observations = run_probes({grade_id: lab01_mystery.PROBES[grade_id]}, namespace, 11)
+    finally:
+        lab01_mystery._MEASURED.clear()
     return judging.judge_cell(grade_id, judges.JUDGES[grade_id], _ctx(student, observations))
+
+
+def _score(findings: list[dict[str, Any]], planted: Any, savings: dict[str, float] | None) -> judges.DiagnosisScore:
+    """`score_diagnosis` of findings whose savings the notebook's run measured."""
+    return judges.score_diagnosis(findings, planted, savings, _log(planted, findings, "d"), "d")
 
 
 def _finding(line: int, kind: str, function: str = "Trainer.step", saves: float = 0.1) -> dict[str, Any]:
@@ -270,32 +295,88 @@ def test_a_right_diagnosis_earns_everything_and_each_mistake_costs_its_share() -
     assert mark.fraction == pytest.approx(1 / 3) and "with no planted bug" in mark.message
 
 
-def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_nothing(monkeypatch) -> None:
+def test_knowing_where_the_bugs_are_without_measuring_what_they_cost_earns_the_locations_only(monkeypatch) -> None:
     """The planted truth (read from the kit, or a classmate's pipeline diffed) gives lines and types; with
-    the gate on, a finding of a bug that costs time counts only with a saving that agrees with the
-    grader's measurement. The memory-only bug (batch_history) saves no step time to agree on, so it
-    earns no share at all: a guess far from the bugs' costs earns nothing, and one near a typical cost
-    lands in at most one time bug's band."""
+    the gate on, a finding's type counts only with a saving the notebook's own run measured that agrees
+    with the grader's measurement. Typed savings, whatever they are (a constant, a catalogue's typical
+    cost for each dose, the grader's own figures), earn the locations and nothing more. The memory-only
+    bug (batch_history) saves no step time to agree on, so it earns no share at all."""
     monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
     student = "bob"  # grad_histograms at a light dose (about 0.01 of a step), row_loop (about 0.4), batch_history
+    case = truths.truth(student, "tiny")
     right = _right_answers(student)
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": right}, student).fraction == 1.0
-    # A constant guess ties the bug planted light with the one planted full: neither counts, whatever
-    # bands it lands in.
-    for guess in (0.0, 0.02, 0.2, 0.5, 0.9):
-        guessed = [dict(f, saves=guess) for f in right]
-        mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, student)
-        assert mark.fraction == 0.0, (guess, mark.message)
-        assert "agrees with the grader's measurement" in mark.message
-    # The right magnitudes in the wrong order: the two clearly apart lose their counts.
-    by_key = {p.key: f for p, f in zip(truths.truth(student).planted, right, strict=True)}
+    typical = {"full": 0.3, "light": 0.03}
+    catalogue_typical = [dict(f, saves=typical[p.dose]) for p, f in zip(case.planted, right, strict=True)]
+    constants = [[dict(f, saves=guess) for f in right] for guess in (0.0, 0.02, 0.2, 0.5, 0.9)]
+    for findings in [*constants, catalogue_typical, right]:  # right: the grader's own figures, typed in
+        mark = _mark("mystery_diagnosis", {"DIAGNOSIS": findings}, student, measured=False)
+        assert mark.fraction == judges.LOCATION_WORTH, (findings, mark.message)
+        assert "did not measure" in mark.message and "lab01_mystery.saving" in mark.message
+    # Measured, a constant ties the bug planted light with the one planted full: neither type counts.
+    for guess in (0.02, 0.2):
+        mark = _mark("mystery_diagnosis", {"DIAGNOSIS": [dict(f, saves=guess) for f in right]}, student)
+        assert mark.fraction == judges.LOCATION_WORTH
+        assert "disagrees with the grader's measurement" in mark.message
+    # The right magnitudes in the wrong order: the two clearly apart lose their types.
+    by_key = {p.key: f for p, f in zip(case.planted, right, strict=True)}
     swapped = dict(by_key, grad_histograms=dict(by_key["grad_histograms"], saves=by_key["row_loop"]["saves"]),
                    row_loop=dict(by_key["row_loop"], saves=by_key["grad_histograms"]["saves"]))
-    assert _mark("mystery_diagnosis", {"DIAGNOSIS": list(swapped.values())}, student).fraction == 0.0
+    assert _mark("mystery_diagnosis", {"DIAGNOSIS": list(swapped.values())}, student).fraction == judges.LOCATION_WORTH
     # Without a saving at all the form is wrong: the visible check says what is missing.
     bare = [{k: v for k, v in f.items() if k != "saves"} for f in right]
     mark = _mark("mystery_diagnosis", {"DIAGNOSIS": bare}, student)
     assert mark.fraction == 0.0 and "saves should be" in mark.message
+
+
+def test_a_saving_counts_as_measured_only_from_a_copy_that_fixes_its_bug_alone_in_this_pipeline() -> None:
+    """`measured_in_run`: the notebook's log must hold a reading of a copy changing this bug's lines and no
+    other planted bug's, timed against this id's planted text; the saving may be rounded, or the mean or
+    median of several such readings. A fix-everything copy's saving, or a reading against another
+    pipeline, measures no one bug."""
+    planted = truths.truth("bob").planted
+    row, hist = (next(p for p in planted if p.key == k) for k in ("row_loop", "grad_histograms"))
+    others = [p for p in planted if p is not row]
+
+    def entry(lines: list[int], saves: float, digest: str = "d") -> dict[str, Any]:
+        return {"planted": digest, "lines": lines, "saves": saves}
+
+    near = row.lines[0] - 1  # an insertion before the bug's first line touches it too
+    assert judges.measured_in_run(0.412, row, others, [entry(list(row.lines), 0.4123)], "d")
+    assert judges.measured_in_run(0.41, row, others, [entry([near, row.lines[0]], 0.4123)], "d")  # rounded
+    readings = [entry(list(row.lines), v) for v in (0.38, 0.40, 0.45)]
+    assert judges.measured_in_run(0.41, row, others, readings, "d")  # their mean
+    assert judges.measured_in_run(0.40, row, others, readings, "d")  # their median
+    assert not judges.measured_in_run(0.42, row, others, readings, "d")  # between them: typed
+    assert not judges.measured_in_run(0.4123, row, others, [entry(list(row.lines), 0.4123, "other")], "d")
+    both = entry([*row.lines, *hist.lines], 0.4123)  # a copy that fixes two bugs
+    assert not judges.measured_in_run(0.4123, row, others, [both], "d")
+    assert not judges.measured_in_run(0.4123, row, others, [entry([1], 0.4123)], "d")  # a line of no bug
+    for forged in ([{"planted": "d", "lines": "all", "saves": 0.4}], [{"planted": "d", "lines": [row.lines[0]]}],
+                   ["x"], [entry(list(row.lines), float("nan"))]):
+        assert not judges.measured_in_run(0.4, row, others, forged, "d"), forged
+
+
+def test_the_labs_saving_logs_the_lines_its_copy_changes_for_the_probe(tiny_data, tmp_path) -> None:
+    """`lab01_mystery.saving` logs, for the diagnosis probe, the planted text it timed against and the lines
+    its copy changed: a copy without one bug reads as that bug's planted lines alone."""
+    student = "erin"
+    case = truths.truth(student, "tiny")
+    planted = case.write(tmp_path / "planted.py")
+    bug = next(p for p in case.planted if BY_KEY[p.key].costs_time)
+    only = truths.pipeline(student, "tiny", bugs=tuple(q.key for q in case.planted if q.key != bug.key))
+    lab01_mystery._MEASURED.clear()
+    try:
+        saved = lab01_mystery.saving(planted, only.write(tmp_path / "only.py"), rounds=2)
+        observed = lab01_mystery.probe_diagnosis({"DIAGNOSIS": []}, 0)["measured"]
+    finally:
+        lab01_mystery._MEASURED.clear()
+    assert observed == [{"planted": lab01_mystery.text_digest(case.source), "lines": observed[0]["lines"],
+                         "saves": saved}]
+    assert set(observed[0]["lines"]) & set(bug.lines) and set(observed[0]["lines"]) <= set(
+        bug.lines) | {min(bug.lines) - 1, max(bug.lines) + 1}, (observed, bug.lines)
+    others = [p for p in case.planted if p.key != bug.key]
+    assert judges.measured_in_run(round(saved, 3), bug, others, observed, lab01_mystery.text_digest(case.source))
 
 
 def test_the_grader_measures_savings_in_a_child_process_and_a_failed_measurement_costs_the_student_nothing(
@@ -345,17 +426,17 @@ def test_a_negative_saving_reads_as_none_and_a_memory_only_bug_neither_earns_nor
     assert not BY_KEY[memory_only.key].costs_time and all(BY_KEY[p.key].costs_time for p in (cheap, costly))
     savings = {cheap.key: 0.05, costly.key: 0.4, memory_only.key: 0.10}
     findings = [_finding(p.lines[-1], p.kind, p.function, savings[p.key]) for p in planted]
-    assert judges.score_diagnosis(findings, planted, savings).fraction == 1.0
+    assert _score(findings, planted, savings).fraction == 1.0
     noisy = [dict(f, saves=-0.105) if f["line"] in (cheap.lines[-1], memory_only.lines[-1]) else f for f in findings]
-    assert judges.score_diagnosis(noisy, planted, savings).fraction == 1.0
+    assert _score(noisy, planted, savings).fraction == 1.0
     wrong = [dict(f, saves=-0.105) if f["line"] == costly.lines[-1] else f for f in findings]
-    assert costly.key in judges.score_diagnosis(wrong, planted, savings).unmeasured
+    assert costly.key in _score(wrong, planted, savings).disagreeing
     at_memory_only = [f for f in findings if f["line"] == memory_only.lines[-1]]
     without_it = [f for f in findings if f["line"] != memory_only.lines[-1]]
     for graded in (savings, None):  # measured, and judged on line and type alone
-        only = judges.score_diagnosis(at_memory_only, planted, graded)
+        only = _score(at_memory_only, planted, graded)
         assert (only.fraction, only.stray, only.planted) == (0.0, [], 2)
-        assert judges.score_diagnosis(without_it, planted, graded).fraction == 1.0
+        assert _score(without_it, planted, graded).fraction == 1.0
 
 
 def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> None:
@@ -368,10 +449,10 @@ def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> Non
     savings = {cheap.key: 0.1, costly.key: 0.3, memory_only.key: 0.0}
     assert judges.saving_agrees(0.2, 0.1) and judges.saving_agrees(0.2, 0.3)
     constant = [_finding(p.lines[-1], p.kind, p.function, 0.2) for p in planted]
-    score = judges.score_diagnosis(constant, planted, savings)
-    assert set(score.unmeasured) == {cheap.key, costly.key} and score.fraction == 0.0
+    score = _score(constant, planted, savings)  # even measured: the two readings tie
+    assert set(score.disagreeing) == {cheap.key, costly.key} and score.fraction == judges.LOCATION_WORTH
     measured = [dict(f, saves={cheap.lines[-1]: 0.19, costly.lines[-1]: 0.21}.get(f["line"], 0.2)) for f in constant]
-    assert judges.score_diagnosis(measured, planted, savings).fraction == 1.0
+    assert _score(measured, planted, savings).fraction == 1.0
 
 
 def test_a_bug_planted_light_must_save_less_than_one_planted_full_even_where_one_reading_cannot_tell() -> None:
@@ -388,11 +469,11 @@ def test_a_bug_planted_light_must_save_less_than_one_planted_full_even_where_one
 
     def score(own: dict[str, float]) -> judges.DiagnosisScore:
         findings = [_finding(p.lines[-1], p.kind, p.function, own.get(p.key, 0.0)) for p in case.planted]
-        return judges.score_diagnosis(findings, case.planted, savings)
+        return _score(findings, case.planted, savings)
 
-    assert score({light.key: 0.08, full.key: 0.08}).fraction == 0.0  # a constant, in both bands
+    assert score({light.key: 0.08, full.key: 0.08}).fraction == judges.LOCATION_WORTH  # a tie, in both bands
     assert score({light.key: 0.03, full.key: 0.09}).fraction == 1.0  # measured: the light one saves less
-    assert set(score({light.key: 0.09, full.key: 0.07}).unmeasured) == {light.key, full.key}
+    assert set(score({light.key: 0.09, full.key: 0.07}).disagreeing) == {light.key, full.key}
 
 
 def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagree_with_it(monkeypatch) -> None:
@@ -413,9 +494,12 @@ def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagr
               for p in planted]
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": honest}, "bob").fraction == 1.0 and calls == [0, 1]
     calls.clear()
-    guessed = [dict(f, saves=0.9) for f in honest]
+    guessed = [dict(f, saves=0.9) for f in honest]  # read off a copy that is not one fix alone, say
     mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, "bob")
-    assert mark.fraction == 0.0 and calls == [0, 1] and "measured here" in mark.message
+    assert mark.fraction == judges.LOCATION_WORTH and calls == [0, 1] and "measured here" in mark.message
+    calls.clear()
+    mark = _mark("mystery_diagnosis", {"DIAGNOSIS": guessed}, "bob", measured=False)
+    assert mark.fraction == judges.LOCATION_WORTH and calls == [0]  # typed in: nothing to measure again
     calls.clear()
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": [dict(f, saves={"grad_histograms": 0.02}.get(p.key, f["saves"]))
                                                      for p, f in zip(planted, honest, strict=True)]},
@@ -768,8 +852,8 @@ TRUTH_READERS = {
 
 def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny_data, tmp_path) -> None:
     """Graded for real: the reference notebook whose investigation cell ends by replacing DIAGNOSIS with
-    the planted truth (lines and types right, a guessed saving) is flagged for a person, and earns less
-    of the diagnosis than the same notebook measuring."""
+    the planted truth (lines right, a typed saving) is flagged for a person, and earns the locations of
+    the diagnosis only, where the same notebook measuring earns it all."""
     import nbformat
 
     from perflab.labs import build
@@ -784,27 +868,31 @@ def test_reading_the_planted_truth_earns_less_than_measuring_and_is_flagged(tiny
     run = H.autograde(H.course_for(LAB), LAB, student, path)
     scores = {s.grade_id: s.auto_score for s in run.autograded}
     if judges.GATE_ON_SAVINGS:
-        # Nothing: the memory-only bug earns no share, and a constant ties the bug planted light with the
-        # one planted full (a tie orders neither, so both lose their counts); the flag brings a person.
-        assert scores["mystery_diagnosis"] == 0, run.shortfalls()
+        # The locations and nothing more: the memory-only bug earns no share, and a typed saving is no
+        # measurement, so no type counts; the flag brings a person.
+        assert scores["mystery_diagnosis"] == pytest.approx(8 * judges.LOCATION_WORTH), run.shortfalls()
     assert scores["mystery_fix"] == 6 and scores["time_callable_hidden"] > 0  # the rest graded as usual
     assert run.record.flagged and any("computes" in f for f in run.record.flags), run.record.flags
 
 
-def test_the_bench_states_what_a_constant_truth_reader_earns_where_costs_are_close_or_apart(monkeypatch) -> None:
-    """`make bench-mystery` reports, per id, the most a truth reader typing one constant saving earns: none
-    on a pipeline as drawn (its light bug and a full one tie), even where one reading puts every bug's cost
-    within one band; and all of it where the bugs were planted at one dose with costs within one band."""
+def test_the_bench_states_what_a_truth_reader_earns_typed_and_as_if_measured(monkeypatch) -> None:
+    """`make bench-mystery` reports, per id, the drawn amounts, the grader's savings and the most a reader of
+    the planted truth earns with typed savings: the locations only (half), whatever it types. As if its
+    run had read them, a constant earns nothing on a pipeline as drawn (its light bug and a full one tie)
+    and a typical cost per dose earns all where the costs sit near the typical ones: what the measured-in-
+    this-run check holds."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import bench_mystery
 
     readings = {"bob": {"grad_histograms": 0.02, "row_loop": 0.39},  # clearly apart
                 "alice": {"python_collate": 0.06, "row_loop": 0.15}}  # within one band
     monkeypatch.setattr(judges, "measured_savings", lambda student, mode, attempt=0: readings[student])
-    assert bench_mystery.constant_truth_reader("bob")[1:] == (0.0, None)
-    assert bench_mystery.constant_truth_reader("alice") == (readings["alice"], 0.0, None)
-    # bob's two bugs at one dose (a pipeline as none is drawn), read within one band: a constant earns it all.
-    monkeypatch.setattr(truths, "truth", lambda student, mode=None: truths.pipeline(student, mode, light=None))
-    readings["bob"] = {"grad_histograms": 0.12, "row_loop": 0.15}
-    savings, best, constant = bench_mystery.constant_truth_reader("bob")
-    assert savings == readings["bob"] and best == 1.0 and constant is not None
+    for student in readings:
+        got = bench_mystery.truth_readers(student)
+        assert got["savings"] == readings[student]
+        assert got["constant"][0] == got["typical"][0] == judges.LOCATION_WORTH  # typed: the locations
+        assert set(got["amounts"]) == {p.key for p in truths.truth(student).planted}
+    bob = bench_mystery.truth_readers("bob")
+    assert bob["constant"][1] == judges.LOCATION_WORTH and bob["typical"][1] == 1.0
+    assert bob["amounts"]["row_loop"] == {n: mystery._amounts("bob")[n] for n in bob["amounts"]["row_loop"]}
+    assert bob["amounts"]["row_loop"]  # the row loop's drawn amount is stated

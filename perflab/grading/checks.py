@@ -308,8 +308,9 @@ PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.planted_step", 
                  "perflab.mystery.template", "perflab.mystery.draw", "perflab.mystery.Planted",
                  "perflab.mystery.CATALOGUE", "perflab.mystery.light_dose")
 PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines", "dose"})
-# Any private name of perflab.mystery is the renderer's inside, not a tool of the lab.
-PLANTED_PRIVATE = "perflab.mystery._"
+# Any private name of perflab.mystery is the renderer's inside, not a tool of the lab; one of
+# lab01_mystery is its log of what the notebook measured (a finding's saving counts only as measured).
+PLANTED_PRIVATE = ("perflab.mystery._", "perflab.labs.lab01_mystery._")
 
 
 def _reaches_truth(dotted: str) -> bool:

@@ -13,10 +13,12 @@ memory tools are used directly), and answers in five names:
                       evidence  str, what that tool showed (your numbers)
                       fix       str, what you changed
                       saves     float, what fixing this bug alone saves of the planted pipeline's step
-                                time, as you measured it: 1 - t(fixed alone) / t(planted), e.g. 0.25
-                                (`saving(PIPELINE, copy_with_only_this_fix)` measures it as the grader
-                                does); about 0 for a bug that costs memory, not time (such a bug earns
-                                no share of the diagnosis: no step time tells finding it from reading it)
+                                time, as this notebook measured it: 1 - t(fixed alone) / t(planted),
+                                e.g. 0.25, what `saving(PIPELINE, copy_with_only_this_fix)` returned (it
+                                measures as the grader does), or the mean or median of several such
+                                readings; about 0 for a bug that costs memory, not time (such a bug
+                                earns no share of the diagnosis: no step time tells finding it from
+                                reading it)
     FIXED_PIPELINE  the path of your fixed copy of the pipeline, written by a cell of this notebook
                     (only the notebook is submitted): it must train exactly as the planted one
     FIX_SPEEDUP     the fixed copy's speedup over the planted pipeline, as you measured it
@@ -27,15 +29,18 @@ memory tools are used directly), and answers in five names:
                     (autograd::engine::evaluate_function: <Node>) with the most total time, as <Node>}
 
 The grader scores the findings against what was planted for the id it grades (a finding at a line with
-no bug costs points), shares the marks among the planted bugs that cost step time, and counts a finding's
-line and type only with its measured saving: it measures what each such bug costs its own copy of the
-pipeline, and the saving must agree (within a factor of
-SAVING_FACTOR, and in the same order where two bugs' costs differ clearly). It re-measures the fixed copy against the planted pipeline in its own process
+no bug costs points), shares the marks among the planted bugs that cost step time, gives a located
+finding its line's share, and counts its type only with a saving this notebook's run measured (`savings`
+logs what it timed, and the diagnosis probe sends that log: a saving typed in is no measurement): it
+measures what each such bug costs its own copy of the pipeline, and the saving must agree (within a
+factor of SAVING_FACTOR, and in the same order where two bugs' costs differ clearly). It re-measures the fixed copy against the planted pipeline in its own process
 (it must be faster and train the same way), and parses the trace file itself.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import itertools
 import json
 import math
@@ -65,6 +70,12 @@ RUN_LABEL = "run "  # the pipeline labels its data phase "run <RUN_ID>": whose p
 MAX_SOURCE_CHARS = 256 * 1024
 MAX_TRACE_EVENTS = 50_000
 _counter = itertools.count()
+# What `savings` measured in this process, one entry per copy timed: the digest of the planted text it
+# timed against, the lines of that text the copy changed, and the saving. The diagnosis probe sends them
+# with the findings: a finding's `saves` counts as measured only where this run timed a copy that
+# changes its bug alone and read that saving (a number typed into the notebook has no such entry).
+_MEASURED: list[dict[str, Any]] = []
+MAX_MEASURED = 128
 
 
 def write_pipeline(student: str, path: str | os.PathLike[str] = PIPELINE_FILE) -> Path:
@@ -340,7 +351,7 @@ MAX_TRACE_STEPS = 64
 
 
 def probe_diagnosis(answers: Answers, seed: int) -> dict[str, Any]:
-    return {"findings": answers["DIAGNOSIS"]}
+    return {"findings": answers["DIAGNOSIS"], "measured": [dict(e) for e in _MEASURED[-MAX_MEASURED:]]}
 
 
 def probe_fix(answers: Answers, seed: int) -> dict[str, Any]:
@@ -435,8 +446,35 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
                     times[i].append(time.thread_time() - start)
     finally:
         torch.set_num_threads(threads)
-    return [statistics.median(1.0 - t / base for t, base in zip(copy, times[0], strict=True))
-            for copy in times[1:]]
+    saved = [statistics.median(1.0 - t / base for t, base in zip(copy, times[0], strict=True))
+             for copy in times[1:]]
+    _remember(planted, fixed, saved)
+    return saved
+
+
+def changed_lines(planted: str, copy: str) -> list[int]:
+    """The lines (1-based) of the text `planted` that `copy` changes or deletes, and for an insertion the
+    lines either side of it."""
+    old, new = planted.splitlines(), copy.splitlines()
+    out: set[int] = set()
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            out.update(range(i1 + 1, i2 + 1) if i2 > i1 else (i1, i1 + 1))
+    return sorted(n for n in out if 1 <= n <= len(old))
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _remember(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]], saved: list[float]) -> None:
+    """Log what `savings` measured (`_MEASURED`, for the diagnosis probe)."""
+    base = Path(planted).read_text(encoding="utf-8")
+    digest = text_digest(base)
+    for path, value in zip(fixed, saved, strict=True):
+        _MEASURED.append({"planted": digest, "lines": changed_lines(base, Path(path).read_text(encoding="utf-8")),
+                          "saves": float(value)})
+    del _MEASURED[:-MAX_MEASURED]
 
 
 def saving(planted: str | os.PathLike[str], fixed: str | os.PathLike[str], steps: int = 1,

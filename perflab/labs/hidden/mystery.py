@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +33,12 @@ from perflab.labs.lab01_mystery import (
 )
 from perflab.mystery.catalogue import AMOUNTS
 
-# A finding's worth: half for the location, half for the bottleneck type at that location, and both
-# only with a measured saving that agrees with the grader's own measurement of that bug (what only a
-# measurement gives: reading the planted lines, or diffing one's pipeline with a classmate's, does not).
-# A finding that points at no planted bug takes away what a located one earns, so listing every line
-# earns nothing.
+# A finding's worth: half for the location, half for the bottleneck type at that location, the type only
+# with a saving the notebook's own run measured (`measured_in_run`) that agrees with the grader's own
+# measurement of that bug: what only a measurement gives. Reading the planted lines, or diffing one's
+# pipeline with a classmate's, gives the locations at most: a typed saving, a constant or a catalogue's
+# typical cost has no measurement behind it. A finding that points at no planted bug takes away what a
+# located one earns, so listing every line earns nothing.
 LOCATION_WORTH = 0.5
 KIND_WORTH = 0.5
 # A finding's saving agrees with the grader's g when it lies in [g / SAVING_FACTOR - SAVING_SLACK,
@@ -56,7 +58,7 @@ SAVING_SLACK = 0.05
 SAVING_SLACK_ABOVE = 0.10
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
-# Whether a finding's line and type count only with an agreeing saving. Measured in the grader's own
+# Whether a finding's type counts only with a measured, agreeing saving. Measured in the grader's own
 # process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
 # 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`),
 # under the run's timing lock (the notebook's side holds none: CPU time on one thread is what keeps a
@@ -144,6 +146,37 @@ def _clearly_apart(a: float, b: float) -> bool:
     return max(a, b) > min(a, b) * SAVING_FACTOR + SAVING_SLACK
 
 
+# How near a finding's `saves` must sit to what this run measured of its bug (a saving rounded to two
+# places, or the mean or median of several readings, is still that measurement).
+MEASURED_TOLERANCE = 0.0051
+
+
+def measured_in_run(saves: float, bug: Planted, others: Sequence[Planted], measured: Sequence[Mapping[str, Any]],
+                    digest: str) -> bool:
+    """Whether `saves` is what the notebook's own run measured of `bug` alone: `lab01_mystery.savings`
+    timed, against this id's planted pipeline (its `digest`), a copy that changes lines of `bug` and of no
+    other planted bug, and read this saving (or, over several such copies, their mean or median). A number
+    typed in, a reading of a copy that fixes several bugs at once, or one against another pipeline is not."""
+    touched = bug.accepted_lines | frozenset(bug.lines)
+    readings = []
+    for entry in measured:
+        if not isinstance(entry, Mapping) or entry.get("planted") != digest:
+            continue
+        lines = entry.get("lines")
+        value = entry.get("saves")
+        if (not isinstance(lines, list) or not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value)):
+            continue
+        changed = {n for n in lines if isinstance(n, int)}
+        if changed & touched and not any(changed & (o.accepted_lines | frozenset(o.lines)) for o in others):
+            readings.append(float(value))
+    if not readings:
+        return False
+    summaries = [*readings, sum(readings) / len(readings), statistics.median(readings)]
+    return any(abs(saves - r) <= MEASURED_TOLERANCE or abs(max(saves, 0.0) - max(r, 0.0)) <= MEASURED_TOLERANCE
+               for r in summaries)
+
+
 @dataclass(frozen=True)
 class DiagnosisScore:
     fraction: float
@@ -151,19 +184,28 @@ class DiagnosisScore:
     typed: int
     stray: list[int]
     planted: int  # the planted bugs the marks are shared among: those that cost step time
-    unmeasured: list[str]  # planted bugs located whose saving disagrees with the grader's measurement
+    unmeasured: list[str]  # located bugs whose `saves` no measurement of this run gave
+    disagreeing: list[str] = ()  # located bugs whose measured saving disagrees with the grader's (or misorders)
+
+    @property
+    def uncounted(self) -> list[str]:
+        """Located bugs whose type does not count: their saving unmeasured or disagreeing."""
+        return [*self.unmeasured, *self.disagreeing]
 
 
 def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[Planted],
-                    savings: Mapping[str, float] | None = None) -> DiagnosisScore:
+                    savings: Mapping[str, float] | None = None, measured: Sequence[Mapping[str, Any]] = (),
+                    digest: str = "") -> DiagnosisScore:
     """Each planted bug is matched by at most one finding at one of its lines (more findings on the same
-    bug count once); the type counts where the location does. With `savings` (the grader's measurement,
-    bug key -> saving), a located finding counts only when its `saves` agrees with the bug's and its
-    order against the other bugs agrees where the grader's savings differ clearly or the two were
-    planted at different doses (`Planted.dose`). The marks are shared
-    among the bugs that cost step time: a bug that only holds memory (`Bug.costs_time=False`) saves no
-    step time the grader can measure, so the planted truth alone would earn its share; a finding at it
-    neither earns nor costs. Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
+    bug count once), and a located bug earns LOCATION_WORTH. Its type earns KIND_WORTH where the kind is
+    right and, with `savings` (the grader's measurement, bug key -> saving), only where the finding's
+    `saves` was measured in the notebook's own run (`measured`: what `lab01_mystery.savings` logged,
+    against the planted text of `digest`; see `measured_in_run`), agrees with the bug's, and is in the
+    bug's order against the other measured findings where the grader's savings differ clearly or the
+    two were planted at different doses (`Planted.dose`). The marks are shared among the bugs that cost
+    step time: a bug that only holds memory (`Bug.costs_time=False`) saves no step time the grader can
+    measure, so the planted truth alone would earn its share; a finding at it neither earns nor costs.
+    Findings at no planted line each take LOCATION_WORTH + KIND_WORTH off."""
     unmatched = list(planted)
     matched: list[tuple[Planted, Mapping[str, Any]]] = []
     stray: list[int] = []
@@ -179,10 +221,15 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[Pla
             matched.append((hit, finding))
     scored = [p for p in planted if BY_KEY[p.key].costs_time]
     unmeasured: list[str] = []
+    disagreeing: list[str] = []
     if savings is not None:
         # A fix cannot make a step slower: a negative reading is noise around a bug that costs little.
         said = {p.key: max(float(f.get("saves", math.nan)), 0.0) for p, f in matched}  # NaN stays NaN
-        timed = list(said)
+        for p, f in matched:
+            others = [q for q in planted if q.key != p.key]
+            if not measured_in_run(float(f.get("saves", math.nan)), p, others, measured, digest):
+                unmeasured.append(p.key)
+        timed = [key for key in said if key not in unmeasured]
         dose = {p.key: p.dose for p in planted}
         for key in timed:
             truth, own = savings[key], said[key]
@@ -195,13 +242,13 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[Pla
                                   != (own > said[q]) or own == said[q])
                              for q in timed if q != key)
             if not saving_agrees(own, truth) or misordered:
-                unmeasured.append(key)
-    counted = [(p, f) for p, f in matched if p.key not in unmeasured]
-    located = len(counted)
-    typed = sum(f.get("kind") in BY_KEY[p.key].kinds for p, f in counted)
+                disagreeing.append(key)
+    located = len(matched)
+    typed = sum(f.get("kind") in BY_KEY[p.key].kinds for p, f in matched
+                if p.key not in unmeasured and p.key not in disagreeing)
     earned = located * LOCATION_WORTH + typed * KIND_WORTH - len(stray) * (LOCATION_WORTH + KIND_WORTH)
     fraction = max(0.0, earned / ((LOCATION_WORTH + KIND_WORTH) * max(len(scored), 1)))
-    return DiagnosisScore(min(fraction, 1.0), located + len(unmeasured), typed, stray, len(scored), unmeasured)
+    return DiagnosisScore(min(fraction, 1.0), located, typed, stray, len(scored), unmeasured, disagreeing)
 
 
 def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
@@ -209,36 +256,44 @@ def judge_diagnosis(observed: Any, ctx: Context) -> Mark | None:
     findings = observed.get("findings") if isinstance(observed, dict) else None
     problems = diagnosis_problems(findings, len(case.source.splitlines()))
     assert not problems, problems[0]
+    measured = observed.get("measured") if isinstance(observed.get("measured"), list) else []
+    digest = lab01_mystery.text_digest(case.source)
     located = score_diagnosis(findings, case.planted)
     savings, unmeasured_why = None, ""
     if located.located and GATE_ON_SAVINGS:
         try:
             savings = measured_savings(case.student, ctx.mode)
-            first = score_diagnosis(findings, case.planted, savings)
-            if first.unmeasured:
-                # Before a finding loses its marks, a second independent measurement: the diagnosis is
-                # judged against whichever of the two it agrees with better.
+            first = score_diagnosis(findings, case.planted, savings, measured, digest)
+            if first.disagreeing:
+                # Before a measured finding loses its type, a second independent measurement: the
+                # diagnosis is judged against whichever of the two it agrees with better.
                 again = measured_savings(case.student, ctx.mode, 1)
-                if score_diagnosis(findings, case.planted, again).fraction > first.fraction:
+                if score_diagnosis(findings, case.planted, again, measured, digest).fraction > first.fraction:
                     savings = again
         except SavingsUnmeasured as exc:  # the grader's fault, not the student's: judged on line and type
             unmeasured_why = f"savings not checked: the grader could not measure this pipeline ({exc})"
-    score = score_diagnosis(findings, case.planted, savings)
+    score = score_diagnosis(findings, case.planted, savings, measured, digest)
     if score.fraction >= 1.0:
         return Mark(1.0, unmeasured_why) if unmeasured_why else None
     parts = [f"{score.located} of the {score.planted} planted bugs that cost step time located"]
+    said = {p.key: f for f in findings for p in case.planted
+            if isinstance(f.get("line"), int) and f["line"] in p.accepted_lines}
     if score.unmeasured:
-        said = {p.key: f for f in findings for p in case.planted
-                if isinstance(f.get("line"), int) and f["line"] in p.accepted_lines}
-        parts.append(f"{len(score.unmeasured)} of them without a saving that agrees with the grader's measurement "
+        parts.append(f"{len(score.unmeasured)} of them with a saving this run of your notebook did not measure ("
+                     + "; ".join(f"your finding at line {said[k]['line']}: saves {said[k].get('saves')!r}"
+                                 for k in score.unmeasured if k in said)
+                     + "), so its type does not count: time a copy with only that fix against your pipeline "
+                     "with lab01_mystery.saving or savings, and put what it returns in saves")
+    if score.disagreeing:
+        parts.append(f"{len(score.disagreeing)} of them with a saving that disagrees with the grader's measurement "
                      "of this pipeline (" + "; ".join(
                          f"your finding at line {said[k]['line']}: saves {said[k].get('saves')!r}, measured here "
-                         f"{savings[k]:.2f}" for k in score.unmeasured if k in said) + "), so neither its line nor its "
-                     "type counts: measure each fix alone (lab01_mystery.saving)")
-    counted = score.located - len(score.unmeasured)
+                         f"{savings[k]:.2f}" for k in score.disagreeing if k in said) + "), so its type does not "
+                     "count: measure each fix alone, one copy per bug")
+    counted = score.located - len(score.uncounted)
     if counted:
         parts.append(f"the bottleneck type right for {score.typed} of "
-                     + ("them" if not score.unmeasured else f"the {counted} counted"))
+                     + ("them" if not score.uncounted else f"the {counted} measured"))
     if score.stray:
         parts.append(f"{len(score.stray)} finding(s) at lines with no planted bug "
                      f"({', '.join(str(n) for n in score.stray[:6])}), each costing what a right one earns")
