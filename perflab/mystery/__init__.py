@@ -167,7 +167,7 @@ def _amounts(student: str) -> dict[str, str]:
     """How much of the work each snippet takes in `student`'s pipelines (`catalogue.AMOUNTS`): drawn from
     the id alone, so every copy of one id's pipeline (one without a bug) keeps the others' amounts."""
     rng = random.Random(_seed(student) ^ 0xA307)
-    return {name: rng.choice(options) for name, options in sorted(AMOUNTS.items())}
+    return {name: rng.choice(options) for name, options in AMOUNTS.items()}  # in AMOUNTS' order
 
 
 def _plan(student: str) -> tuple[tuple[str, str], ...]:

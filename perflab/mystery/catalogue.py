@@ -64,7 +64,7 @@ class Snippet:
 SNIPPETS: tuple[Snippet, ...] = (
     Snippet("pixel_list", "load",
             ("small = image.resize((IMAGE_SIZE, IMAGE_SIZE))",
-             "array = np.array([[[small.getpixel((x, y))[c] for c in range(3)] for x in range(IMAGE_SIZE)]",
+             "array = np.array([[<<pixel_read>> for x in range(IMAGE_SIZE)]",
              "                  for y in range(IMAGE_SIZE)], dtype=np.float32) / 255.0"),
             light=("small = image.resize((IMAGE_SIZE, IMAGE_SIZE))",
                    "array = np.array(list(small.getdata()), dtype=np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 3) "
@@ -86,15 +86,15 @@ SNIPPETS: tuple[Snippet, ...] = (
             light=("self.histograms = {name: torch.histc(p.grad, bins=32).tolist()  # for the dashboard",
                    "                   for name, p in self.model.named_parameters() if name.startswith(\"fc.\")}")),
     Snippet("anomaly", "forward",
-            ('with record_function("forward"), torch.autograd.detect_anomaly():  # catch NaNs early',),
-            also=(("backward", ('with record_function("backward"), torch.autograd.detect_anomaly():',)),)),
+            ('with record_function("forward"), torch.autograd.detect_anomaly(check_nan=<<anomaly_nan>>):  # a NaN hunt',),
+            also=(("backward", ('with record_function("backward"), torch.autograd.detect_anomaly(check_nan=<<anomaly_nan>>):',)),)),
     Snippet("eval_accuracy", "after_step",
             ("seen = images[:<<accuracy_seen>>]  # a sample of the batch, with flips",
              "self.train_accuracy = accuracy(self.model, torch.cat([seen, seen.flip(-1)]),",
              "                               labels[:<<accuracy_seen>>].repeat(2))")),
     Snippet("snapshot", "after_step",
             ("self.best = (copy.deepcopy(self.model),  # keep the best checkpoint",
-             "             copy.deepcopy(self.optimizer.state_dict()))"),
+             "             <<snapshot_state>>)"),
             light=("self.best_head = copy.deepcopy(self.model.fc)  # keep the best classifier",)),
     Snippet("batch_history", "after_step", ("self.seen.append(images)  # for a confusion matrix at the end",),
             init=("self.seen = []",)),
@@ -104,11 +104,19 @@ SNIPPET_BY_KEY = {snippet.key: snippet for snippet in SNIPPETS}
 
 # How much of the work a snippet's `<<name>>` takes: each id draws one of each (`perflab.mystery`), so what
 # a snippet costs differs from one pipeline to the next and is known only by measuring that pipeline.
+# Each id draws them in this order (`perflab.mystery._amounts`): new ones go last, so the ids keep what
+# they drew before.
 AMOUNTS: dict[str, tuple[str, ...]] = {
-    "row_part": ("8", "11", "16"),  # columns per operation of a row (2 to 4 operations a row)
-    "row_block": ("6", "8", "11"),  # rows per operation (3 to 6 operations a channel)
-    "histogram_every": ("1", "2"),  # every parameter, or every other one
     "accuracy_seen": ("8", "10", "12", "16"),  # images of the batch the accuracy is measured on
+    "histogram_every": ("1", "2"),  # every parameter, or every other one
+    "row_block": ("6", "8", "11"),  # rows per operation (3 to 6 operations a channel)
+    "row_part": ("8", "11", "16"),  # columns per operation of a row (2 to 4 operations a row)
+    # Anomaly mode's NaN checks of every backward output on top of its stack trace per forward op, or not.
+    "anomaly_nan": ("True", "False"),
+    # A Python call per channel of a pixel, or one per pixel.
+    "pixel_read": ("[small.getpixel((x, y))[c] for c in range(3)]", "list(small.getpixel((x, y)))"),
+    # The snapshot copies the optimizer's state too, or keeps a reference to it.
+    "snapshot_state": ("copy.deepcopy(self.optimizer.state_dict())", "self.optimizer.state_dict()"),
 }
 _AMOUNT = re.compile(r"<<(\w+)>>")
 

@@ -1198,7 +1198,7 @@ for row in costs:  # costliest first; a line that ran is a line the measurement 
 
 # Anomaly mode costs inside the lines it wraps, not on its own line: cProfile shows the stack capture.
 format_stack = sum(v[3] for k, v in mystery_stats.stats.items() if k[2] in ("format_stack", "extract_stack"))
-anomaly_lines = [i for i, text in enumerate(source_lines, 1) if "detect_anomaly()" in text]
+anomaly_lines = [i for i, text in enumerate(source_lines, 1) if "detect_anomaly(" in text]
 if anomaly_lines and format_stack > 0:
     findings.append({"line": anomaly_lines[0], "function": "Trainer.step", "kind": "sync", "tool": "cProfile",
                      "evidence": f"traceback.format_stack: {format_stack:.2f} s cumulative over the profile",
