@@ -1260,7 +1260,8 @@ hidden01.check("mystery_diagnosis", globals())
 # %% [markdown]
 # **Prove the fix.** First that it trains the same way (the check below runs both for a few steps from
 # the same seed), then how much faster it is. `lab01_mystery.quick_speedup` times interleaved blocks of
-# both and takes the ratio of the fastest ones; the grader re-measures with the full protocol.
+# both (on one torch thread, in that thread's CPU time, as `saving` does) and takes the ratio of the
+# fastest ones; the grader re-measures with the full protocol.
 
 # %% nbgrader={"grade": false, "grade_id": "mystery_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
