@@ -469,6 +469,10 @@ def machine_measurement(mode: str) -> dict[str, Any]:
 
 
 def judge_bottleneck_here(observed: Any, ctx: Context) -> None:
+    # The form first: an answer without a verdict per grid point costs no measurement of the machine.
+    assert isinstance(observed, dict), "the probe returned no verdicts"
+    _list(observed.get("stages"), len(lab01_checks.stage_grid()), "grid point")
+    _list(observed.get("bounds"), len(RIDGE_GRID), "grid point")
     judge_verdict_here(observed, machine_measurement(ctx.mode))
 
 
