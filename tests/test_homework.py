@@ -251,6 +251,29 @@ def test_an_amp_setting_the_notebook_never_compared_at_home_loses_the_decision(t
         [(c.amp_dtype, c.channels_last) for c in lab03.candidate_configs("tiny").values()]
 
 
+def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_decision() -> None:
+    """Lab 2's decision record carries the worker counts the notebook's sweep measured at home; a BEST
+    typed in from elsewhere (a GPU server's 8 workers, where this machine's sweep went to 4) loses the
+    decision's cell and says why; the baseline, a swept count, a record without counts (a notebook
+    released before it carried them) and no submission read all pass."""
+    from perflab.labs import lab02
+    from perflab.labs.hidden import lab02 as hidden02
+
+    base = lab02.baseline_config("tiny")
+    lab02.as_decided(base.replace(num_workers=2), "two workers gained", base, "cpu", swept={0: 9.0, 1: 10.0, 2: 12.0,
+                                                                                              4: 11.0})
+    home = [e for e in homework.RECORDED if e["kind"] == "lab02.best"]
+    assert home and home[-1]["value"]["swept"] == [0, 1, 2, 4]
+    for best in (base, base.replace(num_workers=2), base.replace(num_workers=4, pin_memory=True)):
+        hidden02.measured_at_home(best, _ctx(lab02.LAB, home))
+    typed = base.replace(num_workers=8, persistent_workers=True)
+    with pytest.raises(AssertionError, match=r"never measured 8 loader workers at home.*measured 0, 1, 2, 4 workers"):
+        hidden02.measured_at_home(typed, _ctx(lab02.LAB, home))
+    released_before = [{**home[-1], "value": {k: v for k, v in home[-1]["value"].items() if k != "swept"}}]
+    for entries in (released_before, [], None):
+        hidden02.measured_at_home(typed, _ctx(lab02.LAB, entries))
+
+
 def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_counts_as_measured(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from perflab.labs import lab06_probes

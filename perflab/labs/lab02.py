@@ -232,16 +232,21 @@ def sizes(mode: str | None = None) -> LabSizes:
     return s if mode is not None else homework.smallest(s, decided_by="lab02.best", **GRADING_BUDGET)
 
 
-def as_decided(best: Any, why: Any, baseline: TrainConfig, device: Any) -> tuple[Any, Any]:
-    """(`BEST`, `WHY_BEST`) as the notebook decided them at home (`homework.decided`): BEST's loader knobs
-    and the line of why are recorded in the cell's output; in the grading kernel, where the sweep ran at
-    the smallest budget, the home run's knobs on this baseline (home ran its own sizes, the grader runs
-    its own) and its why, on the same kind of device."""
+def as_decided(best: Any, why: Any, baseline: TrainConfig, device: Any, swept: Any = None) -> tuple[Any, Any]:
+    """(`BEST`, `WHY_BEST`) as the notebook decided them at home (`homework.decided`): BEST's loader knobs,
+    the line of why and the worker counts the notebook's sweep measured (`swept`, its `train_sweep`) are
+    recorded in the cell's output; in the grading kernel, where the sweep ran at the smallest budget, the
+    home run's knobs on this baseline (home ran its own sizes, the grader runs its own) and its why, on
+    the same kind of device. The grader reads the counts: a BEST whose worker count the home sweep never
+    measured was not decided from it (`hidden.lab02.measured_at_home`)."""
+    counts = sorted({n for n in swept if isinstance(n, int) and not isinstance(n, bool)}) if isinstance(
+        swept, (dict, list, tuple, set)) else None
+
     def encode(decision: tuple[Any, Any]) -> dict[str, Any]:
         config, line = decision
         knobs = ({name: getattr(config, name) for name in LOADER_FIELDS if getattr(config, name) != getattr(baseline, name)}
                  if isinstance(config, TrainConfig) else None)
-        return {"knobs": knobs, "why": line if isinstance(line, str) else None}
+        return {"knobs": knobs, "why": line if isinstance(line, str) else None, "swept": counts}
 
     def decode(value: Any) -> tuple[Any, Any]:
         knobs = value.get("knobs") if isinstance(value, dict) else None

@@ -596,7 +596,8 @@ else:
 #
 # The next cells measure your speedup (`CLAIM`) with `perflab.timing.compare` (interleaved blocks
 # of training steps, bootstrap CI), check that `BEST` consumes the baseline's samples pixel for pixel
-# (10 points), and have `perflab.verify` re-measure it in a fresh process against the expectation
+# and uses a worker count your own sweep measured (10 points: a loader typed in from elsewhere is no
+# decision of yours), and have `perflab.verify` re-measure it in a fresh process against the expectation
 # calibrated for this hardware (15 points).
 
 # %% nbgrader={"grade": false, "grade_id": "best", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -626,7 +627,7 @@ print("why:", globals().get("WHY_BEST", "(no WHY_BEST written: the re-measured c
 
 # %% nbgrader={"grade": false, "grade_id": "best_as_decided", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # Your decision, recorded in this cell's output at home; when graded, the decision your saved run made.
-BEST, WHY_BEST = lab02.as_decided(BEST, globals().get("WHY_BEST"), BASELINE, DEVICE)
+BEST, WHY_BEST = lab02.as_decided(BEST, globals().get("WHY_BEST"), BASELINE, DEVICE, swept=train_sweep)
 
 # %%
 base_work, best_work = workload.build(BASELINE), workload.build(BEST)

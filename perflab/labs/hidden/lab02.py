@@ -158,6 +158,28 @@ def exported_best(observed: Any, ctx: Context) -> TrainConfig:
 def judge_best_samples(observed: Any, ctx: Context) -> None:
     best = exported_best(observed, ctx)
     lab02_checks.check_best(best, ctx.mode)
+    measured_at_home(best, ctx)
+
+
+def measured_at_home(best: TrainConfig, ctx: Context) -> None:
+    """BEST's worker count must be one the notebook's own sweep measured at home (or the baseline's, kept
+    after measuring): a loader typed in from elsewhere (a classmate's 8 workers where this machine's sweep
+    went to 4) earns the re-measurement's points only. A submission whose decision record names no sweep
+    (a notebook released before the record carried it, or not run at home: its sweep then ran in the
+    grading kernel) is not judged on it."""
+    from perflab.labs import homework
+
+    if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests
+        return
+    if best.num_workers == lab02.baseline_config(ctx.mode).num_workers:
+        return
+    sweeps = [e["value"]["swept"] for e in ctx.measured_at_home
+              if e.get("kind") == "lab02.best" and isinstance(e.get("value"), dict)
+              and isinstance(e["value"].get("swept"), list)]
+    if not sweeps or any(best.num_workers in counts for counts in sweeps):
+        return
+    raise AssertionError(homework.unmeasured_note("BEST", f"{best.num_workers} loader workers", ctx.measured_at_home)
+                         + f" (your sweep measured {', '.join(str(n) for n in sweeps[-1])} workers)")
 
 
 def judge_best_verified(observed: Any, ctx: Context) -> Mark:
