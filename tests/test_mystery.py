@@ -539,6 +539,26 @@ def test_a_finding_in_a_helper_only_the_bug_calls_counts() -> None:
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": answers}, student).fraction == 1.0
 
 
+def test_a_diagnosis_by_diffing_classmates_pipelines_earns_no_more_than_the_locations(monkeypatch) -> None:
+    """A reader who diffs their pipeline against classmates' and reports each differing line (or the
+    lines where the classmates disagree with each other too) with typed savings: the harmless edits are
+    strays that cost as much as a right finding earns, and a typed saving earns no type, so the diff
+    earns at most the locations, and on every id here less."""
+    monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
+    monkeypatch.setattr(judges, "measured_savings", lambda student, mode, attempt=0: dict.fromkeys(
+        (p.key for p in truths.truth(student, "tiny").planted), 0.3))
+    for student in ("alice", "bob", "carol", "erin"):
+        own = truths.truth(student, "tiny")
+        lines = own.source.splitlines()
+        by_id = {n for n, text in enumerate(lines, 1) if student in text or str(own.run_id) in text}
+        differing = set.intersection(*(_differing(own.source, truths.truth(o, "tiny").source)
+                                       for o in ("s1", "s2", "s3") if o != student)) - by_id
+        findings = [_finding(n, "data", saves=0.3) for n in sorted(differing) if lines[n - 1].strip()]
+        assert any(f["line"] in p.accepted_lines for f in findings for p in own.planted)  # the diff finds bugs
+        mark = _mark("mystery_diagnosis", {"DIAGNOSIS": findings}, student, measured=False)
+        assert mark.fraction < judges.LOCATION_WORTH and "with no planted bug" in mark.message, (student, mark.message)
+
+
 def test_listing_every_line_or_copying_another_ids_answers_earns_no_more_than_a_blank() -> None:
     student = "alice"
     n = len(mystery.for_student(student).source.splitlines())
