@@ -111,8 +111,7 @@ AMOUNTS: dict[str, tuple[str, ...]] = {
     "histogram_every": ("1", "2"),  # every parameter, or every other one
     "row_block": ("6", "8", "11"),  # rows per operation (3 to 6 operations a channel)
     "row_part": ("8", "11", "16"),  # columns per operation of a row (2 to 4 operations a row)
-    # A Python call per channel of a pixel, or one per pixel (anomaly mode draws no amount: without its NaN
-    # checks it cost 0.13 of a step, too near a light dose when another bug makes the step long).
+    # A Python call per channel of a pixel, or one per pixel.
     "pixel_read": ("[small.getpixel((x, y))[c] for c in range(3)]", "list(small.getpixel((x, y)))"),
     # The snapshot copies the optimizer's state, or the whole optimizer (its parameters a second time).
     "snapshot_state": ("copy.deepcopy(self.optimizer.state_dict())", "copy.deepcopy(self.optimizer)"),
