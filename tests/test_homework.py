@@ -251,11 +251,13 @@ def test_an_amp_setting_the_notebook_never_compared_at_home_loses_the_decision(t
         [(c.amp_dtype, c.channels_last) for c in lab03.candidate_configs("tiny").values()]
 
 
-def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_decision() -> None:
+def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_decision(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Lab 2's decision record carries the worker counts the notebook's sweep measured at home; a BEST
     typed in from elsewhere (a GPU server's 8 workers, where this machine's sweep went to 4) loses the
     decision's cell and says why; the baseline, a swept count, a record without counts (a notebook
-    released before it carried them) and no submission read all pass."""
+    released before it carried them), no submission read, and a grader on another kind of device all
+    pass."""
     from perflab.labs import lab02
     from perflab.labs.hidden import lab02 as hidden02
 
@@ -272,6 +274,10 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
     released_before = [{**home[-1], "value": {k: v for k, v in home[-1]["value"].items() if k != "swept"}}]
     for entries in (released_before, [], None):
         hidden02.measured_at_home(typed, _ctx(lab02.LAB, entries))
+    # The simulated CUDA grading machine: a laptop's record was not replayed there (the notebook decided
+    # again from the GPU server's own sweep, which went to 8 workers), so it is not judged on it.
+    monkeypatch.setattr(homework, "_device_kind", lambda: "cuda")
+    hidden02.measured_at_home(typed, _ctx(lab02.LAB, home))
 
 
 def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_counts_as_measured(

@@ -166,16 +166,20 @@ def measured_at_home(best: TrainConfig, ctx: Context) -> None:
     after measuring): a loader typed in from elsewhere (a classmate's 8 workers where this machine's sweep
     went to 4) earns the re-measurement's points only. A submission whose decision record names no sweep
     (a notebook released before the record carried it, or not run at home: its sweep then ran in the
-    grading kernel) is not judged on it."""
+    grading kernel) is not judged on it, and neither is one made on another kind of device than the
+    grader's: there the notebook decided again from the grading run's own sweep (a laptop's sweep went to
+    4 workers, a GPU server's to 8)."""
     from perflab.labs import homework
 
     if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests
         return
     if best.num_workers == lab02.baseline_config(ctx.mode).num_workers:
         return
+    here = homework._device_kind()
     sweeps = [e["value"]["swept"] for e in ctx.measured_at_home
               if e.get("kind") == "lab02.best" and isinstance(e.get("value"), dict)
-              and isinstance(e["value"].get("swept"), list)]
+              and isinstance(e["value"].get("swept"), list)
+              and isinstance(e.get("key"), dict) and e["key"].get("device") == here]
     if not sweeps or any(best.num_workers in counts for counts in sweeps):
         return
     raise AssertionError(homework.unmeasured_note("BEST", f"{best.num_workers} loader workers", ctx.measured_at_home)
