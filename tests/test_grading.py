@@ -426,7 +426,7 @@ def test_memory_is_limited_for_the_whole_sandbox_not_per_process(tmp_path):
     # Three processes of 900 MiB each under a 2 GiB sandbox: each is under the per-process limit
     # (RLIMIT_AS, off here), together they are over the whole sandbox's.
     code = ("import subprocess, time\n"
-            "hog = 'b = bytearray(900 * 1024**2)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nimport time; time.sleep(20)'\n"
+            "hog = 'b = bytearray(900 * 1024**2)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nimport time; time.sleep(6)'\n"
             "procs = [subprocess.Popen([sys.executable, '-c', hog]) for _ in range(3)]\n"
             "codes = [p.wait() for p in procs]\n"
             "out = {'killed': sum(c < 0 for c in codes)}\n")

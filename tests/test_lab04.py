@@ -215,7 +215,9 @@ def test_search_that_probes_max_batch_first_fails() -> None:
                 hi = mid - 1
         return lo
 
-    assert_fails("largest_batch_hidden", top_down, seed=25, match="more than twice the answer")
+    # Seed 26: its ResNet-18 budgets cap the batch at 64, so a search probing the top first measures a
+    # batch of 32, not one of thousands (which the judge would measure, too, at 25 s).
+    assert_fails("largest_batch_hidden", top_down, seed=26, match="more than twice the answer")
 
 
 def test_search_that_extrapolates_a_line_fails_on_allocator_steps() -> None:
@@ -429,7 +431,8 @@ def test_a_checkpoint_that_saves_nothing_earns_nothing_for_its_time_cost() -> No
     assert mark.verdict["verdict"] == "fail" and mark.verdict["speedup"] is None  # recorded, nothing re-measured
 
 
-@pytest.mark.parametrize("seed", range(12))
+# The seeds that failed before both sides shared a thread count (0-3, 5, 10), and two that did not.
+@pytest.mark.parametrize("seed", (0, 1, 2, 3, 4, 5, 10, 11))
 def test_the_reference_checkpoint_passes_whatever_threads_the_sandbox_has(seed: int, monkeypatch) -> None:
     """The grader draws a fresh seed per submission and runs the student's program in a sandbox whose torch
     thread count need not be the grading process's: a correct checkpoint passes on every seed. Before both
