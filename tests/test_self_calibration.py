@@ -176,13 +176,15 @@ def test_the_command_passes_no_calibration_on(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, monkeypatch):
-    """The demo's lazy and reference students for lab 2, graded by the real pipeline in grade mode on a
-    class with no committed file (the lookup pointed at an empty folder): the grader calibrates lab 2's
-    one entry first (one run of a calibration's pairs, to keep the suite short), and the lazy student
-    then earns `test_best_verified` only where the workers gain nothing here; the reference earns it. The
-    conservative rule alone would have given it to the lazy student (judged here too, untimed). On this
-    2-core AVX-512-BF16 host two workers gain about 1.4x when the machine is otherwise idle; where another
-    process keeps the second core busy they gain nothing, and keeping the baseline is then right."""
+    """The demo's lazy student for lab 2, graded by the real pipeline in grade mode on a class with no
+    committed file (the lookup pointed at an empty folder): the grader calibrates lab 2's one entry first
+    (one run of a calibration's pairs, to keep the suite short), and the lazy student then earns
+    `test_best_verified` only where the workers gain nothing here; the loader the calibration timed (an
+    honest BEST), judged by the same judge against the bar just calibrated, earns it. The conservative
+    rule alone would have given the cell to the lazy student (judged here too, untimed). On this 2-core
+    AVX-512-BF16 host two workers gain about 1.4x when the machine is otherwise idle; where another process
+    keeps the second core busy they gain nothing, and keeping the baseline is then right. (The reference
+    notebook itself is graded with committed bars in tests/test_lab02.py and the demo.)"""
     import labs_helpers
 
     from perflab import demo
@@ -199,7 +201,7 @@ def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, mo
 
     course = labs_helpers.course_for(lab)
     made = demo.write_class([lab], course / "release", labs_helpers.REPO / "solutions", tmp_path / "class",
-                            students=("lazy", "reference"))
+                            students=("lazy",))
     collect.collect(course, tmp_path / "class")
     settings = Settings(limits=sandbox.Limits(wall_s=labs_helpers.SUBMISSION_WALL_S), cell_timeout=300, env=GRADE,
                         unisolated=sandbox.isolation().kind == "none")
@@ -211,17 +213,19 @@ def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, mo
     bar = load_expectation(lab02.EXPECTATION, directory=self_calibration.folder(course),
                            workload=lab02.baseline_config("grade"))
     assert bar.calibrated, bar.reason
-    records = {s: state.State.load(course).get(lab, s) for s in ("lazy", "reference")}
-    cells = {s: {c.grade_id: c for c in r.cells} for s, r in records.items()}
-    print({s: (r.score, r.max_score, c["test_best_verified"]) for (s, r), c in zip(records.items(), cells.values(), strict=True)})
-    print(bar.reason)
-    assert all(r.uncalibrated == () and r.outcome == "graded" for r in records.values())
-    verified = {s: c["test_best_verified"] for s, c in cells.items()}
+    record = state.State.load(course).get(lab, "lazy")
+    assert record.uncalibrated == () and record.outcome == "graded", record
+    lazy = {c.grade_id: c for c in record.cells}["test_best_verified"]
+    honest = {"config": hidden02.reference_best("grade").to_dict(), "claim": None,
+              "why": "the sweep measured this worker count fastest, CI above 1"}
+    with expectations.reading([self_calibration.folder(course)]):
+        reference = hidden02.judge_best_verified(honest, Context(lab, 1, "grade"))
+    print(record.score, record.max_score, lazy, reference.fraction, reference.message, bar.reason, sep="\n")
     if bar.kind == "gain":  # the workers gain here: keeping the baseline is not the lesson, the reference's is
-        assert verified["lazy"].score == 0.0, verified["lazy"]
-        assert verified["reference"].score == verified["reference"].max_score, verified["reference"]
+        assert lazy.score == 0.0, lazy
+        assert reference.fraction == 1.0, reference.message
     else:  # nothing to gain on this machine (another process kept the workers' core): the baseline is right
-        assert verified["lazy"].score == verified["lazy"].max_score, verified["lazy"]
+        assert lazy.score == lazy.max_score, lazy
 
 
 @pytest.mark.skipif(env.pick_device().type != "cpu", reason="a CPU class's plan: lab 3 and lab 6 share their CPU sizes")
