@@ -565,7 +565,7 @@ def test_listing_every_line_or_copying_another_ids_answers_earns_no_more_than_a_
     n = len(mystery.for_student(student).source.splitlines())
     shotgun = [_finding(line, kind) for line in range(1, n + 1) for kind in ("data",)]
     assert _mark("mystery_diagnosis", {"DIAGNOSIS": shotgun}, student).fraction == 0.0
-    for other in ("bob", "carol"):
+    for other in ("bob", "erin"):  # ids whose savings earlier tests measured (cached in this process)
         copied = _right_answers(other)
         assert _mark("mystery_diagnosis", {"DIAGNOSIS": copied}, student).fraction == 0.0, other
     blank = _mark("mystery_diagnosis", {}, student)
