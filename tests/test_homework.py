@@ -276,7 +276,7 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
         hidden02.measured_at_home(typed, _ctx(lab02.LAB, entries))
     # The simulated CUDA grading machine: a laptop's record was not replayed there (the notebook decided
     # again from the GPU server's own sweep, which went to 8 workers), so it is not judged on it.
-    monkeypatch.setattr(homework, "_device_kind", lambda: "cuda")
+    monkeypatch.setattr(homework, "device_kind", lambda: "cuda")
     hidden02.measured_at_home(typed, _ctx(lab02.LAB, home))
 
 
@@ -331,7 +331,7 @@ def test_a_decision_from_another_kind_of_device_or_none_at_all_is_made_again_and
     # Graded on a GPU (simulated), the laptop's record is not this device's: the comparisons keep their
     # budget, so the decision made again rests on a measurement, not on two blocks.
     with monkeypatch.context() as graded_on_a_gpu:
-        graded_on_a_gpu.setattr(homework, "_device_kind", lambda: "cuda")
+        graded_on_a_gpu.setattr(homework, "device_kind", lambda: "cuda")
         assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks
     choice, why = lab05.as_decided("default", "default cleared the keep rule", "cuda")
     assert (choice, why) == ("default", "default cleared the keep rule")

@@ -182,12 +182,12 @@ def smallest(sizes: T, *, decided_by: str | None = None, **budget: Any) -> T:
     if not _grading_kernel():
         return sizes
     if decided_by is not None and not any(e["kind"] == decided_by and isinstance(e.get("key"), dict)
-                                          and e["key"].get("device") == _device_kind() for e in _book()):
+                                          and e["key"].get("device") == device_kind() for e in _book()):
         return sizes
     return dataclasses.replace(sizes, **budget)  # type: ignore[type-var]
 
 
-def _device_kind() -> str | None:
+def device_kind() -> str | None:
     """The kind of device this kernel runs on ("cpu", "cuda", "mps"), None where it has none."""
     from perflab import env
 

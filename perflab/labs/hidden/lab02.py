@@ -175,7 +175,7 @@ def measured_at_home(best: TrainConfig, ctx: Context) -> None:
         return
     if best.num_workers == lab02.baseline_config(ctx.mode).num_workers:
         return
-    here = homework._device_kind()
+    here = homework.device_kind()
     sweeps = [e["value"]["swept"] for e in ctx.measured_at_home
               if e.get("kind") == "lab02.best" and isinstance(e.get("value"), dict)
               and isinstance(e["value"].get("swept"), list)
