@@ -400,3 +400,89 @@ def test_a_real_kernel_replays_a_decision_only_while_the_cell_that_made_it_is_un
     homework.write_file(homework.from_notebook(edited), tmp_path / "edited")
     out = run(edited, tmp_path / "edited", **graded)
     assert "graded 0" in out and "changed after the run your notebook saved" in out
+
+
+def _compile_experiment(modes: tuple[str, ...], compiled_s: float = 0.008) -> tuple[dict, dict]:
+    """What lab 5's measure-modes cell returns: each mode's compile timed apart, and its comparison."""
+    from perflab.labs.lab05 import CompileTiming
+
+    timings = {"eager": CompileTiming(0.05, (0.010, 0.011, 0.010))}
+    comparisons = {}
+    for mode in modes:
+        timings[mode] = CompileTiming(9.0, (compiled_s, compiled_s, compiled_s))
+        comparisons[mode] = Comparison((0.010, 0.011, 0.010, 0.012), (compiled_s,) * 4, 1,
+                                       labels=("eager", f"compile {mode}"))
+    return timings, comparisons
+
+
+def test_lab5s_compile_of_each_mode_is_replayed_when_graded_and_never_compiled_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A laptop-mode home run also times max-autotune; graded in grade mode (default only), the record is
+    still the home run's: matched by workload and device, never by the modes this mode happens to time."""
+    from perflab.labs import lab05
+
+    runs: list[str] = []
+
+    def measure(modes: tuple[str, ...]):
+        def run():
+            runs.append("measured")
+            return _compile_experiment(modes)
+        return run
+
+    at_home = lab05.measured_modes(measure(("default", "max-autotune")), "small", "cpu")
+    assert runs == ["measured"] and homework.RECORDED[-1]["kind"] == "lab05.modes"
+    homework.write_file(homework.from_notebook(_notebook_of(homework.RECORDED)), tmp_path)
+
+    _grading_kernel(monkeypatch)
+    timings, comparisons = lab05.measured_modes(measure(("default",)), "small", "cpu")
+    assert runs == ["measured"], "a recorded compile experiment is not compiled again in the grading kernel"
+    assert (timings, comparisons) == at_home and set(comparisons) == {"default", "max-autotune"}
+    assert timings["default"].compile_seconds == pytest.approx(9.0 - 0.008)
+    assert "replayed from your home run" in capsys.readouterr().out
+    # A second call (a cell run twice) and the ResNet-18 experiment were never recorded: they run, and say at
+    # what budget (the lab's decision is replayed on its own, so the budget is the one in force).
+    lab05.measured_modes(measure(("default",)), "small", "cpu")
+    lab05.measured_modes(measure(("default",)), "resnet18", "cpu")
+    assert runs == ["measured"] * 3
+    out = capsys.readouterr().out
+    assert "carries no home measurement" in out and "steady steps and" in out and "rests on no measurement" not in out
+
+
+def test_lab5s_compile_record_from_another_device_or_forged_is_not_replayed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from perflab.labs import lab05
+
+    timings, comparisons = _compile_experiment(("default",))
+    good = {"timings": {n: {"first": t.first, "steady": list(t.steady)} for n, t in timings.items()},
+            "comparisons": {m: homework.comparison_value(c) for m, c in comparisons.items()}}
+    homework.write_file([
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cuda"}, "value": good},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"},
+         "value": {**good, "comparisons": {"fastest-please": good["comparisons"]["default"]}}},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"},
+         "value": {**good, "timings": {**good["timings"], "default": {"first": float("nan"), "steady": [0.1]}}}},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"}, "value": None},
+    ], tmp_path)
+    _grading_kernel(monkeypatch)
+    runs: list[int] = []
+    for _ in range(3):
+        lab05.measured_modes(lambda: runs.append(1) or _compile_experiment(("default",)), "small", "cpu")
+    assert len(runs) == 3
+    assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick"] * 3  # the cuda record: never taken
+
+
+def test_a_compile_experiment_the_kit_cannot_record_still_runs_at_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A student's measure_compile that returns its own type: the cell runs as before, and the grader, finding
+    nothing it can replay, runs it (`test_lab5s_compile_record_from_another_device_or_forged_is_not_replayed`)."""
+    from perflab.labs import lab05
+
+    result = lab05.measured_modes(lambda: ({"eager": (0.1, [0.01])}, {}), "small", "cpu")
+    assert result == ({"eager": (0.1, [0.01])}, {}) and homework.RECORDED[-1]["value"] is None
+
+
+def _notebook_of(entries: list) -> nbformat.NotebookNode:
+    """A saved notebook whose one cell shows `entries` as the kit does (what the grader reads back)."""
+    cell = new_code_cell("...")
+    cell.outputs = [new_output("display_data", data={homework.HOMEWORK_MIME: dict(e), "text/plain": "[...]"})
+                    for e in entries]
+    return new_notebook(cells=[cell])

@@ -6,7 +6,7 @@ repeats the homework:
 
 * At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
   screening, ablation (`measure_ablation`, or `measure_chain` in a notebook released before it) and
-  accuracy run and lab 3's comparison of precisions, runs in full and shows its
+  accuracy run, lab 3's comparison of precisions and lab 5's compile of each mode, runs in full and shows its
   raw samples as an output of its cell (`HOMEWORK_MIME`, beside one line of text). Saving the notebook
   keeps them: the notebook the student hands in carries them, with no file beside it to lose.
 * The grader reads them from the submitted notebook (`from_notebook`) before it clears the outputs and
@@ -78,9 +78,11 @@ def change_groups(before: Any, after: Any) -> list[str]:
 
 
 def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[], T],
-             encode: Callable[[T], Any], decode: Callable[[Any], T], what: str) -> T:
+             encode: Callable[[T], Any], decode: Callable[[Any], T], what: str, quick_budget: str | None = None) -> T:
     """`measure()` at home, recorded in the cell's output; in the grading kernel, what the notebook's
-    home run recorded for (`kind`, `key`), else `quick()`. `what` names it for the student, in words."""
+    home run recorded for (`kind`, `key`), else `quick()`. `what` names it for the student, in words;
+    `quick_budget`, what `quick()` runs where that is not the smallest budget (a lab whose decision is
+    replayed on its own, `decided`, keeps its budget where the notebook carries no decision)."""
     key = json.loads(json.dumps(key))  # the form it takes in the notebook and back
     if not _grading_kernel():
         result = measure()
@@ -91,9 +93,10 @@ def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[
         print(f"[{what}: replayed from your home run; the grade rests on the grader's own re-measurement]")
         return result
     EVENTS.append({"kind": kind, "key": key, "event": "quick"})
-    print(f"[{what}: this notebook carries no home measurement of it, so it ran at the smallest budget "
-          f"({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement. Run the notebook, save it, "
-          f"then hand it in]")
+    ran = (f"ran here at {quick_budget}" if quick_budget else
+           f"ran at the smallest budget ({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement")
+    print(f"[{what}: this notebook carries no home measurement of it, so it {ran}. Run the notebook, save it, "
+          "then hand it in]")
     return quick()
 
 

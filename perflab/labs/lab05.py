@@ -58,7 +58,8 @@ This module holds what the notebook, its tests and the grader share: the models 
 `BrokenBlock`, `SmallNet`, `IndexedFeatures`), the sizes of each mode, the verifier's reference workload
 `small_step`, `CompileTiming`, the visible cells' fixtures (`FakeClock`, `ScriptedBuild`, and from
 `perflab.labs.lab05_dynamo`, re-exported: `CountingBackend`, `quiet`, `quiet_compile_logs`,
-`recompile_reasons`), and `verify_choice`.
+`recompile_reasons`), `verify_choice`, and what carries the home run to the grader (`measured_modes`, the
+compile of each mode; `as_decided`, CHOICE).
 
 Elsewhere, each importing this module and never imported by it: the visible gate
 `check_compiled_matches_eager` with the checks' inputs, observations and tolerances in
@@ -252,6 +253,9 @@ _LAB_SIZES = {
 }
 
 
+# The graded notebook compiles with Inductor on the CPU (its correctness gate, `check_compiled_matches_eager`):
+# the grader starts each job from a warm cache (perflab.grading.compile_cache).
+COMPILES_WHEN_GRADED = True
 # The notebook's own timing budgets in the grading kernel: the smallest that still runs its code.
 GRADING_BUDGET = dict(steps=3, compare_blocks=2)
 
@@ -444,6 +448,45 @@ def choice_problems(choice: Any) -> list[str]:
         return [f"CHOICE: {choice!r} is not None or one of {', '.join(map(repr, COMPILE_MODES))} (the compile "
                 "mode with a real steady-state gain in your measurements, or None)"]
     return []
+
+
+def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]], workload: str, device: Any,
+                   s: LabSizes | None = None) -> tuple[dict[str, CompileTiming], dict[str, Any]]:
+    """(`TIMINGS`, `COMPARISONS`) of the compile experiment on `workload` ("small" or "resnet18"): what
+    `measure()` returns, {"eager" and each mode: CompileTiming} and {mode: Comparison against eager}.
+
+    At home `measure()` runs and its raw figures are recorded in the cell's output (`homework.measured`).
+    In the grading kernel they are the home run's, made on the same kind of `device`, whatever modes the
+    home run's mode timed (a laptop-mode run also times max-autotune): nothing is compiled again only to
+    be timed, since the grader re-measures `CHOICE` itself. A notebook that carries none runs `measure()`
+    at the budgets in force (`sizes`)."""
+    s = s or sizes()
+    kind = getattr(device, "type", str(device))
+
+    def encode(result: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any] | None:
+        timings, comparisons = result
+        try:
+            return {"timings": {name: {"first": float(t.first), "steady": [float(x) for x in t.steady],
+                                       "label": t.label if isinstance(t.label, str) else ""}
+                                for name, t in timings.items()},
+                    "comparisons": {mode: homework.comparison_value(c) for mode, c in comparisons.items()}}
+        except (AttributeError, TypeError, ValueError):  # not the kit's types: nothing the grader could replay
+            return None
+
+    def decode(value: Any) -> tuple[dict[str, CompileTiming], dict[str, Any]]:
+        modes = list(value["comparisons"])
+        if "eager" not in value["timings"] or set(value["timings"]) != {"eager", *modes} or \
+                any(mode not in COMPILE_MODES for mode in modes):
+            raise ValueError("compile record: not eager and compile modes")
+        timings = {name: CompileTiming(t["first"], tuple(t["steady"]), str(t.get("label", "")))
+                   for name, t in value["timings"].items()}
+        if not all(math.isfinite(x) for t in timings.values() for x in (t.first, *t.steady)):
+            raise ValueError("compile record: seconds not finite")
+        return timings, {mode: homework.comparison_from(value["comparisons"][mode]) for mode in modes}
+
+    return homework.measured("lab05.modes", {"workload": workload, "device": kind}, measure, quick=measure,
+                             encode=encode, decode=decode, what=f"compile of each mode ({workload} model)",
+                             quick_budget=f"{s.steps} steady steps and {s.compare_blocks} blocks a comparison")
 
 
 def as_decided(choice: Any, why: Any, device: Any) -> tuple[Any, Any]:
