@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from perflab.env import DEVICE_ENV
+from perflab.grading import compile_cache, judging, sandbox
 from perflab.grading import feedback as fb
-from perflab.grading import judging, sandbox
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.checks import grade_id
 from perflab.grading.result import Job, LabInfo
@@ -63,6 +63,9 @@ class Settings:
     # Folders of calibrated bars the judges read after the committed ones (the course's own calibration,
     # set by the local back-end for its run; `perflab.verify.expectations.reading`).
     expectations: tuple[Path, ...] = ()
+    # The warm start every job's Inductor cache is copied from (`compile_cache.warm`, set by `pipeline.grade`
+    # where a graded lab compiles); None: each graded notebook compiles from a cold cache.
+    compile_cache: Path | None = None
 
     def __post_init__(self) -> None:
         if self.cell_timeout < 1:
@@ -203,6 +206,7 @@ def prepare_job(job: Job, info: LabInfo, tmpl: Path, workdir: Path, settings: Se
             (workdir / lab / "results" / f"{lab}.json").write_text(text, encoding="utf-8")
     for name in ("home", "runtime", "cache"):
         (workdir / name).mkdir()
+    compile_cache.seed(settings.compile_cache, workdir / "cache" / "inductor")  # a private copy: see its module
     env = {"HOME": str(workdir / "home"), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
            "IPYTHONDIR": str(workdir / "home" / ".ipython"), "MPLCONFIGDIR": str(workdir / "cache" / "mpl"),
            "XDG_CACHE_HOME": str(workdir / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "cache" / "inductor"),

@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.grading import judging, self_calibration
+from perflab.grading import compile_cache, judging, self_calibration
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.collect import lab_names, plan, submissions
 from perflab.grading.feedback_pages import NOT_RENDERED, FeedbackRun, write_pages
@@ -230,6 +230,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
         build_data(infos, settings)
+        if compile_cache.wanted(infos):  # once per machine: each job then starts from a copy
+            settings = dataclasses.replace(settings, compile_cache=compile_cache.warm())
         # Bars no folder has for this machine are calibrated first and kept with the course; the judges
         # then read them after the committed ones (`self_calibration`, `expectations.reading`).
         calibration = self_calibration.before_grading(course, infos, settings, backend)
