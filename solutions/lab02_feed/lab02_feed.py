@@ -528,7 +528,9 @@ for persistent in (False, True):
 # %% [markdown]
 # `prefetch_factor` is how many batches each worker keeps ready (default 2). More buys slack for
 # uneven batches (one slow JPEG) at the price of memory: `num_workers * prefetch_factor` batches in
-# flight. It cannot make the average faster than the workers can decode.
+# flight. It cannot make the average faster than the workers can decode. So the cell below keeps a
+# factor by the rule you wrote for workers: the smallest whose throughput is within the sweep's
+# tolerance of the best (`pick_workers` reads any `{count: throughput}`).
 
 # %%
 train_workers = max(1, pick_workers(train_sweep))
@@ -538,7 +540,8 @@ for factor in (1, 2, 4):
                             train_on(WORK), S.sweep_steps)
     prefetch_sweep[factor] = run.throughput(skip=1)
     print(f"num_workers={train_workers} prefetch_factor={factor}: {run.describe(skip=1)}")
-CHOSEN_PREFETCH = max(prefetch_sweep, key=prefetch_sweep.get)
+CHOSEN_PREFETCH = pick_workers(prefetch_sweep)  # the fewest batches in flight that keep up
+print(f"prefetch_factor kept: {CHOSEN_PREFETCH}")
 
 # %% [markdown]
 # ## 7. Augmentation on the device
