@@ -456,12 +456,12 @@ def test_lab5s_compile_record_from_another_device_or_forged_is_not_replayed(
     good = {"timings": {n: {"first": t.first, "steady": list(t.steady)} for n, t in timings.items()},
             "comparisons": {m: homework.comparison_value(c) for m, c in comparisons.items()}}
     homework.write_file([
-        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cuda"}, "value": good},
-        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cuda", "code": None}, "value": good},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu", "code": None},
          "value": {**good, "comparisons": {"fastest-please": good["comparisons"]["default"]}}},
-        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu", "code": None},
          "value": {**good, "timings": {**good["timings"], "default": {"first": float("nan"), "steady": [0.1]}}}},
-        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu"}, "value": None},
+        {"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu", "code": None}, "value": None},
     ], tmp_path)
     _grading_kernel(monkeypatch)
     runs: list[int] = []
@@ -469,6 +469,35 @@ def test_lab5s_compile_record_from_another_device_or_forged_is_not_replayed(
         lab05.measured_modes(lambda: runs.append(1) or _compile_experiment(("default",)), "small", "cpu")
     assert len(runs) == 3
     assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick"] * 3  # the cuda record: never taken
+
+
+def test_lab5s_compile_record_belongs_to_the_measure_compile_that_made_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A measure_compile edited after the saved run (say, to report a smaller compile) times again."""
+    from perflab.labs import lab05
+
+    def measure_compile(build, steps, *, clock=None, sync=None):
+        return "as handed in"
+
+    def edited_measure_compile(build, steps, *, clock=None, sync=None):
+        return "edited after the run"
+
+    runs: list[int] = []
+
+    def measure():
+        runs.append(1)
+        return _compile_experiment(("default",))
+
+    lab05.measured_modes(measure, "small", "cpu", code=measure_compile)
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    lab05.measured_modes(measure, "small", "cpu", code=edited_measure_compile)
+    assert len(runs) == 2 and homework.EVENTS[-1]["event"] == "quick"
+    homework.reset()
+    lab05.measured_modes(measure, "small", "cpu", code=measure_compile)
+    assert len(runs) == 2 and homework.EVENTS[-1]["event"] == "replayed"
+    assert homework.code_digest(measure_compile) != homework.code_digest(edited_measure_compile) is not None
+    assert homework.code_digest(len) is None  # no source: nothing to bind a record to
 
 
 def test_a_compile_experiment_the_kit_cannot_record_still_runs_at_home(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -174,6 +174,17 @@ def _digest(source: str | None) -> str | None:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+def code_digest(fn: Any) -> str | None:
+    """A digest of `fn`'s source (a function defined in a notebook cell too), None where it has none: a
+    record keyed by it is replayed only for the code that made it."""
+    import inspect
+
+    try:
+        return _digest(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+
+
 def smallest(sizes: T, *, decided_by: str | None = None, **budget: Any) -> T:
     """`sizes` (a lab's frozen dataclass of sizes) with the notebook's own timing budgets set to `budget`
     in the grading kernel, unchanged at home: the grade reads only the grader's re-measurements and what

@@ -451,15 +451,16 @@ def choice_problems(choice: Any) -> list[str]:
 
 
 def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]], workload: str, device: Any,
-                   s: LabSizes | None = None) -> tuple[dict[str, CompileTiming], dict[str, Any]]:
+                   s: LabSizes | None = None, *, code: Any = None) -> tuple[dict[str, CompileTiming], dict[str, Any]]:
     """(`TIMINGS`, `COMPARISONS`) of the compile experiment on `workload` ("small" or "resnet18"): what
     `measure()` returns, {"eager" and each mode: CompileTiming} and {mode: Comparison against eager}.
 
     At home `measure()` runs and its raw figures are recorded in the cell's output (`homework.measured`).
     In the grading kernel they are the home run's, made on the same kind of `device`, whatever modes the
     home run's mode timed (a laptop-mode run also times max-autotune): nothing is compiled again only to
-    be timed, since the grader re-measures `CHOICE` itself. A notebook that carries none runs `measure()`
-    at the budgets in force (`sizes`)."""
+    be timed, since the grader re-measures `CHOICE` itself. The record belongs to the student's `code`
+    (their `measure_compile`, `homework.code_digest`): a function edited after the saved run times again.
+    A notebook that carries none runs `measure()` at the budgets in force (`sizes`)."""
     s = s or sizes()
     kind = getattr(device, "type", str(device))
 
@@ -484,7 +485,8 @@ def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
             raise ValueError("compile record: seconds not finite")
         return timings, {mode: homework.comparison_from(value["comparisons"][mode]) for mode in modes}
 
-    return homework.measured("lab05.modes", {"workload": workload, "device": kind}, measure, quick=measure,
+    key = {"workload": workload, "device": kind, "code": homework.code_digest(code) if code is not None else None}
+    return homework.measured("lab05.modes", key, measure, quick=measure,
                              encode=encode, decode=decode, what=f"compile of each mode ({workload} model)",
                              quick_budget=f"{s.steps} steady steps and {s.compare_blocks} blocks a comparison")
 
