@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from perflab.grading.judging import LAB_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,12 @@ ROOT_ENV = "PERFLAB_COMPILE_CACHE"
 READY = "ready"
 # Seconds the one warming compile may take before grading goes on without it.
 WARM_TIMEOUT_S = 600
-_LAB_MODULE = re.compile(r"^(lab\d\d)_")
 
 
 def wanted(labs: Iterable[str]) -> bool:
     """Whether a graded notebook of `labs` compiles in the grading kernel (its kit module's FLAG)."""
     for lab in labs:
-        match = _LAB_MODULE.match(lab)
+        match = LAB_MODULE.match(lab)
         if not match:
             continue
         try:

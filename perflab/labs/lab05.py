@@ -467,9 +467,7 @@ def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
     def encode(result: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any] | None:
         timings, comparisons = result
         try:
-            return {"timings": {name: {"first": float(t.first), "steady": [float(x) for x in t.steady],
-                                       "label": t.label if isinstance(t.label, str) else ""}
-                                for name, t in timings.items()},
+            return {"timings": {name: {**t.to_dict(), "label": str(t.label)} for name, t in timings.items()},
                     "comparisons": {mode: homework.comparison_value(c) for mode, c in comparisons.items()}}
         except (AttributeError, TypeError, ValueError):  # not the kit's types: nothing the grader could replay
             return None
