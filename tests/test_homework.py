@@ -471,6 +471,32 @@ def test_lab5s_compile_record_from_another_device_or_forged_is_not_replayed(
     assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick"] * 3  # the cuda record: never taken
 
 
+def test_lab5s_resnet_compile_measured_on_a_gpu_replays_on_a_gpu_grader_and_not_on_a_cpu_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A student's full-mode run on a CUDA GPU, graded on a CUDA server (simulated): ResNet-18 is not compiled
+    again; the same record read by a CPU grader is another device's, so that grader measures."""
+    import torch
+
+    from perflab.labs import lab05
+
+    runs: list[str] = []
+    gpu = torch.device("cuda")  # a device object only: nothing here touches CUDA
+
+    def measure():
+        runs.append("measured")
+        return _compile_experiment(("default", "reduce-overhead"))
+
+    at_home = lab05.measured_modes(measure, "resnet18", gpu)
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    monkeypatch.setattr(homework, "device_kind", lambda: "cuda")
+    assert lab05.measured_modes(measure, "resnet18", gpu) == at_home and runs == ["measured"]
+    homework.reset()
+    monkeypatch.setattr(homework, "device_kind", lambda: "cpu")
+    lab05.measured_modes(measure, "resnet18", torch.device("cpu"))
+    assert runs == ["measured"] * 2 and homework.EVENTS[-1]["event"] == "quick"
+
+
 def test_lab5s_compile_record_belongs_to_the_measure_compile_that_made_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A measure_compile edited after the saved run (say, to report a smaller compile) times again."""
