@@ -541,3 +541,95 @@ def _notebook_of(entries: list) -> nbformat.NotebookNode:
     cell.outputs = [new_output("display_data", data={homework.HOMEWORK_MIME: dict(e), "text/plain": "[...]"})
                     for e in entries]
     return new_notebook(cells=[cell])
+
+
+def _loader_sweep() -> tuple[dict, dict, dict]:
+    return {0: 400.0, 1: 700.0}, {0: 50.0, 1: 70.0}, {0: 0.3, 1: 0.01}
+
+
+def test_lab2s_loader_measurements_replay_when_graded_with_their_keys_and_types(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The sweep (a tuple of tables) and the epoch starts (booleans to lists of seconds) come back as measured."""
+    from perflab.labs import lab02, lab02_measure
+
+    s = lab02.sizes("tiny")
+    runs: list[str] = []
+
+    def measure_sweep():
+        runs.append("sweep")
+        return _loader_sweep()
+
+    def measure_epoch_starts(workers):
+        runs.append(f"starts {workers}")
+        return {False: [0.2, 0.1, 0.1], True: [0.2, 0.001, 0.001]}
+
+    home = (lab02_measure.measured("workers", measure_sweep, device="cpu", sizes=s),
+            lab02_measure.measured("epoch starts", measure_epoch_starts, 1, device="cpu", sizes=s))
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    graded = (lab02_measure.measured("workers", measure_sweep, device="cpu", sizes=s),
+              lab02_measure.measured("epoch starts", measure_epoch_starts, 1, device="cpu", sizes=s))
+    assert graded == home and runs == ["sweep", "starts 1"]
+    assert list(graded[1]) == [False, True] and all(type(n) is int for n in graded[0][1])
+
+
+def test_lab2s_loader_measurement_runs_again_for_other_code_args_or_device(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A make_loader edited after the saved run, another worker count or another kind of device: measured
+    here, at the budgets in force, and said so."""
+    from perflab.labs import lab02, lab02_measure
+
+    s = lab02.sizes("tiny")
+    runs: list[int] = []
+
+    def make_loader(dataset, batch_size, num_workers=0):
+        return "as handed in"
+
+    def edited_make_loader(dataset, batch_size, num_workers=0):
+        return "edited after the run"
+
+    def measure_prefetch(workers):
+        runs.append(workers)
+        return {1: 60.0, 2: 61.0, 4: 59.0}
+
+    lab02_measure.measured("prefetch", measure_prefetch, 1, device="cpu", sizes=s, code=(make_loader,))
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    for args, device, loader in (((1,), "cpu", edited_make_loader), ((2,), "cpu", make_loader),
+                                 ((1,), "cuda", make_loader)):
+        _grading_kernel(monkeypatch)
+        lab02_measure.measured("prefetch", measure_prefetch, *args, device=device, sizes=s, code=(loader,))
+        assert homework.EVENTS[-1]["event"] == "quick", (args, device)
+    assert runs == [1, 1, 2, 1]
+    _grading_kernel(monkeypatch)
+    lab02_measure.measured("prefetch", measure_prefetch, 1, device="cpu", sizes=s, code=(make_loader,))
+    assert homework.EVENTS[-1]["event"] == "replayed" and runs == [1, 1, 2, 1]
+
+
+@pytest.mark.parametrize("value", [
+    {"tuple": False, "tables": [[["1", 60.0]]]},  # a key that is not a count
+    {"tuple": False, "tables": [[[1, float("nan")]]]},  # not a finite figure
+    {"tuple": False, "tables": [[[1, "fast"]]]},
+    {"tuple": False, "tables": [[[1, [0.1, None]]]]},
+    {"tuple": False, "tables": []},
+    {"tuple": False, "tables": [[[1, 1.0]], [[2, 2.0]]]},  # two tables where one was measured
+    {"tables": [[[1, 1.0]]]},
+    "fast",
+])
+def test_a_malformed_lab2_loader_record_is_not_replayed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value) -> None:
+    from perflab.labs import lab02, lab02_measure
+
+    def measure_prefetch(workers):
+        return {1: 60.0}
+
+    key = {"cell": "prefetch", "args": [1], "device": "cpu", "code": homework.code_digest(measure_prefetch)}
+    homework.write_file([{"kind": "lab02.prefetch", "key": key, "value": value}], tmp_path)
+    _grading_kernel(monkeypatch)
+    got = lab02_measure.measured("prefetch", measure_prefetch, 1, device="cpu", sizes=lab02.sizes("tiny"))
+    assert got == {1: 60.0} and [e["event"] for e in homework.EVENTS] == ["unreadable", "quick"]
+
+
+def test_a_lab2_measurement_the_kit_cannot_record_still_runs_at_home() -> None:
+    from perflab.labs import lab02, lab02_measure
+
+    got = lab02_measure.measured("crowded", lambda workers: {"0": "slow"}, 1, device="cpu", sizes=lab02.sizes("tiny"))
+    assert got == {"0": "slow"} and homework.RECORDED[-1]["value"] is None

@@ -88,6 +88,10 @@ def test_results_hold_phases_sweep_speedup_and_verdict(tiny_data) -> None:
     assert verdict["name"] == lab02.EXPECTATION and (verdict["verdict"] in ("pass", "inconclusive")
                                                      or common.JUDGED_BY_RULE.search(verdict["reason"] or "")), verdict
     assert run.cell("test_best_verified").outputs, "the verification cell shows its verdict"
+    # Saved at home, the notebook's loader measurements are replayed when graded, none timed again.
+    shown = "".join(o.get("text", "") for c in run.notebook.cells if c.cell_type == "code" for o in c.outputs)
+    for cell in ("workers", "crowded", "epoch starts", "prefetch"):
+        assert f"[{cell} measurement: replayed from your home run" in shown, cell
 
 
 # ---------------------------------------------------------------------------------------------

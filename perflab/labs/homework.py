@@ -174,13 +174,13 @@ def _digest(source: str | None) -> str | None:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def code_digest(fn: Any) -> str | None:
-    """A digest of `fn`'s source (a function defined in a notebook cell too), None where it has none: a
-    record keyed by it is replayed only for the code that made it."""
+def code_digest(*fns: Any) -> str | None:
+    """A digest of the source of `fns` (functions defined in a notebook cell too), None where one has
+    none: a record keyed by it is replayed only for the code that made it."""
     import inspect
 
     try:
-        return _digest(inspect.getsource(fn))
+        return _digest("\n".join(inspect.getsource(fn) for fn in fns))
     except (OSError, TypeError):
         return None
 

@@ -1,5 +1,7 @@
-"""Lab 2's measuring helpers: how the notebook times two loader configurations against each other.
+"""Lab 2's measuring helpers: how the notebook times two loader configurations against each other,
+and how its loader measurements travel from the home run to the grader.
 
+`measured` records each of the notebook's loader measurements at home and replays it when graded.
 `loader_pace` gives `timing.compare` the block size and lead-in that time each side at the pace its
 loader sustains, as the grader's re-measurement does (`perflab.verify.pace`). It needs nothing of the
 contract `perflab.labs.lab02`, which answers the name too for a notebook released before.
@@ -7,9 +9,14 @@ contract `perflab.labs.lab02`, which answers the name too for a notebook release
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from perflab.labs import homework
 from perflab.workload import TrainConfig
+
+T = TypeVar("T")
 
 
 def loader_pace(baseline: TrainConfig, candidate: TrainConfig, block_size: int) -> dict[str, Any]:
@@ -23,3 +30,59 @@ def loader_pace(baseline: TrainConfig, candidate: TrainConfig, block_size: int) 
     return {"block_size": max(block_size, pace.min_block_steps(*queues)),
             "lead_in": (pace.lead_in(queues[0]), pace.lead_in(queues[1]))}
 
+
+
+def measured(cell: str, measure: Callable[..., T], *args: Any, device: Any, sizes: Any, code: Sequence[Any] = ()) -> T:
+    """`measure(*args)`, one of the notebook's loader measurements (its sweep, the crowded run, epoch
+    starts, the prefetch sweep): at home it runs and its figures are recorded in the cell's output
+    (`homework.measured`); in the grading kernel they are the home run's, made on the same kind of
+    `device` with the same `args` by the same code (`measure` and the student's functions in `code`, by
+    digest: a function edited after the saved run measures again). Nothing is re-timed only to be shown:
+    the grader re-measures BEST itself. A notebook that carries none measures at the budgets in force
+    (`sizes`). `measure` returns a {number: seconds or samples/s, or a list of them} table, or a tuple of
+    such tables."""
+    kind = getattr(device, "type", str(device))
+    key = {"cell": cell, "args": list(args), "device": kind, "code": homework.code_digest(measure, *code)}
+    budget = (f"{sizes.sweep_steps} steps and {sizes.sweep_batches} batches a setting, "
+              f"{sizes.sweep_rounds} round(s)")
+    return homework.measured(f"lab02.{cell}", key, lambda: measure(*args), quick=lambda: measure(*args),
+                             encode=encode_tables, decode=decode_tables, what=f"{cell} measurement",
+                             quick_budget=budget)
+
+
+def encode_tables(result: Any) -> dict[str, Any] | None:
+    """A table ({int or bool: number or list of numbers}) or a tuple of tables as JSON data (pairs keep
+    the keys' types); None for anything else (kept at home, nothing the grader could replay)."""
+    tables = result if isinstance(result, tuple) else (result,)
+    if not all(isinstance(t, dict) for t in tables):
+        return None
+    try:
+        value = {"tuple": isinstance(result, tuple),
+                 "tables": [[[k, list(map(float, v)) if isinstance(v, (list, tuple)) else float(v)]
+                             for k, v in t.items()] for t in tables]}
+    except (TypeError, ValueError):
+        return None
+    if any(not isinstance(k, int) for t in value["tables"] for k, _ in t):
+        return None
+    return value
+
+
+def decode_tables(value: Any) -> Any:
+    """What `encode_tables` recorded; ValueError for anything else (keys not whole numbers or booleans,
+    figures not finite numbers)."""
+    def number(x: Any) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise ValueError(f"loader record: {x!r} is not a finite number")
+        return float(x)
+
+    tables = []
+    for pairs in value["tables"]:
+        table: dict[Any, Any] = {}
+        for k, v in pairs:
+            if not isinstance(k, int):
+                raise ValueError(f"loader record: key {k!r} is not a count")
+            table[k] = [number(x) for x in v] if isinstance(v, list) else number(v)
+        tables.append(table)
+    if not tables or (not value["tuple"] and len(tables) != 1):
+        raise ValueError("loader record: no table")
+    return tuple(tables) if value["tuple"] else tables[0]
