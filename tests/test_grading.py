@@ -696,3 +696,23 @@ def test_the_worker_starts_without_the_iri_grammar_and_still_validates_notebooks
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "rejected"
+
+
+def test_each_new_gradebook_holds_nbgraders_migration_head_read_once_per_process(tmp_path):
+    """nbgrader starts the `alembic` command for every gradebook it creates (a course, a lab's template); the
+    head it reads is the installed nbgrader's, so the grader asks once and each gradebook still records it."""
+    import sqlite3
+
+    import nbgrader.api
+
+    heads = []
+    for name in ("a", "b"):
+        course = nbapi.make_course(tmp_path / name)
+        nbapi.add_source(course, "lab00_fixture", SOURCE)
+        nbapi.generate_assignment(course, "lab00_fixture")
+        with contextlib.closing(sqlite3.connect(course / "gradebook.db")) as db:
+            heads += [row[0] for row in db.execute("SELECT version_num FROM alembic_version")]
+    asked = nbgrader.api.get_alembic_version
+    assert asked.cache_info().misses == 1 and asked.cache_info().hits >= 1
+    with nbapi._tools_on_path():
+        assert heads == [asked.__wrapped__()] * 2  # what the command itself says, in both gradebooks
