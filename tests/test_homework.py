@@ -570,7 +570,7 @@ def test_lab2s_loader_measurements_replay_when_graded_with_their_keys_and_types(
     graded = (lab02_measure.measured("workers", measure_sweep, device="cpu", sizes=s),
               lab02_measure.measured("epoch starts", measure_epoch_starts, 1, device="cpu", sizes=s))
     assert graded == home and runs == ["sweep", "starts 1"]
-    assert list(graded[1]) == [False, True] and all(type(n) is int for n in graded[0][1])
+    assert [type(k) for k in graded[1]] == [bool, bool] and [type(n) for n in graded[0][1]] == [int, int]
 
 
 def test_lab2s_loader_measurement_runs_again_for_other_code_args_or_device(
@@ -633,3 +633,54 @@ def test_a_lab2_measurement_the_kit_cannot_record_still_runs_at_home() -> None:
 
     got = lab02_measure.measured("crowded", lambda workers: {"0": "slow"}, 1, device="cpu", sizes=lab02.sizes("tiny"))
     assert got == {"0": "slow"} and homework.RECORDED[-1]["value"] is None
+
+
+def test_a_lab2_measurement_not_tied_to_its_code_or_counts_is_measured_and_never_recorded(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A make_loader without source (a functools.partial) could not tell an edit apart, and a numpy worker
+    count from the student's pick_workers is still a count: neither breaks the cell."""
+    import functools
+
+    import numpy as np
+
+    from perflab.labs import lab02, lab02_measure
+
+    s = lab02.sizes("tiny")
+
+    def loader(dataset, batch_size, num_workers=0):
+        return None
+
+    def measure_prefetch(workers):
+        return {1: 60.0 + workers}
+
+    got = lab02_measure.measured("prefetch", measure_prefetch, 1, device="cpu", sizes=s,
+                                 code=(functools.partial(loader, batch_size=4),))
+    assert got == {1: 61.0} and homework.RECORDED == []
+    got = lab02_measure.measured("prefetch", measure_prefetch, np.int64(2), device="cpu", sizes=s, code=(loader,))
+    assert got == {1: 62.0} and homework.RECORDED[-1]["key"]["args"] == [2]
+    assert lab02_measure.measured("prefetch", measure_prefetch, 1.5, device="cpu", sizes=s) == {1: 61.5}
+    assert len(homework.RECORDED) == 1  # a count that is not whole: measured, not recorded
+    assert lab02_measure.encode_tables({1: float("inf")}) is None  # nothing the grader would read back
+
+
+def test_a_measurement_whose_code_changed_says_so_when_graded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    from perflab.labs import lab02, lab02_measure
+
+    s = lab02.sizes("tiny")
+
+    def measure_prefetch(workers):
+        return {1: 60.0}
+
+    def edited_measure_prefetch(workers):
+        return {1: 90.0}
+
+    lab02_measure.measured("prefetch", measure_prefetch, 1, device="cpu", sizes=s)
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    capsys.readouterr()
+    assert lab02_measure.measured("prefetch", edited_measure_prefetch, 1, device="cpu", sizes=s) == {1: 90.0}
+    assert "the code that measured it changed after the run your notebook saved" in capsys.readouterr().out
+    homework.reset()
+    assert lab02_measure.measured("prefetch", measure_prefetch, 2, device="cpu", sizes=s) == {1: 60.0}
+    assert "carries no home measurement" in capsys.readouterr().out  # another worker count: not an edit

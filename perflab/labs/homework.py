@@ -6,7 +6,8 @@ repeats the homework:
 
 * At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
   screening, ablation (`measure_ablation`, or `measure_chain` in a notebook released before it) and
-  accuracy run, lab 3's comparison of precisions and lab 5's compile of each mode, runs in full and shows its
+  accuracy run, lab 3's comparison of precisions, lab 5's compile of each mode and lab 2's loader sweeps
+  (`lab02_measure.measured`), runs in full and shows its
   raw samples as an output of its cell (`HOMEWORK_MIME`, beside one line of text). Saving the notebook
   keeps them: the notebook the student hands in carries them, with no file beside it to lose.
 * The grader reads them from the submitted notebook (`from_notebook`) before it clears the outputs and
@@ -16,10 +17,10 @@ repeats the homework:
   the order of the calls), never by values, so a home run on a laptop replays on a GPU server.
 * A measurement the notebook does not carry runs at the smallest budget that still executes its code
   (`QUICK_BLOCKS` blocks), and its cell says so: a decision made on it was not made on a measurement.
-* A decision a notebook derives in code from timings the kit does not record (lab 2's `BEST` from the
-  student's own sweep, lab 5's `CHOICE`) is recorded itself, as the notebook made it (`decided`); in the
-  grading kernel its timing cells run at the smallest budget (`smallest`) and the decision is the home
-  run's, where the home run ran on the same kind of device.
+* A decision a notebook derives in its own code (lab 2's `BEST` from the student's sweep, lab 5's
+  `CHOICE`) is recorded itself, as the notebook made it (`decided`); in the grading kernel its other
+  timing cells run at the smallest budget (`smallest`) and the decision is the home run's, where the
+  home run ran on the same kind of device with the same decision cell.
 
 What is replayed only steers the notebook: every graded speedup is the grader's own re-measurement.
 """
@@ -95,9 +96,19 @@ def measured(kind: str, key: Any, measure: Callable[[], T], *, quick: Callable[[
     EVENTS.append({"kind": kind, "key": key, "event": "quick"})
     ran = (f"ran here at {quick_budget}" if quick_budget else
            f"ran at the smallest budget ({QUICK_BLOCKS} blocks); a decision made on it rests on no measurement")
-    print(f"[{what}: this notebook carries no home measurement of it, so it {ran}. Run the notebook, save it, "
-          "then hand it in]")
+    edited = any(e["kind"] == kind and _same_but_code(e["key"], key) for e in _book())
+    why = ("the code that measured it changed after the run your notebook saved" if edited else
+           "this notebook carries no home measurement of it")
+    print(f"[{what}: {why}, so it {ran}. Run the notebook, save it, then hand it in]")
     return quick()
+
+
+def _same_but_code(recorded: Any, key: Any) -> bool:
+    """Whether a record's key is `key` but for the digest of the code that made it (`code_digest`)."""
+    if not (isinstance(recorded, dict) and isinstance(key, dict) and "code" in recorded and "code" in key):
+        return False
+    rest = {k: v for k, v in recorded.items() if k != "code"}
+    return recorded["code"] != key["code"] and rest == {k: v for k, v in key.items() if k != "code"}
 
 
 def decided(kind: str, value: T, *, device: str, encode: Callable[[T], Any], decode: Callable[[Any], T],
