@@ -684,3 +684,41 @@ def test_a_measurement_whose_code_changed_says_so_when_graded(monkeypatch: pytes
     homework.reset()
     assert lab02_measure.measured("prefetch", measure_prefetch, 2, device="cpu", sizes=s) == {1: 60.0}
     assert "carries no home measurement" in capsys.readouterr().out  # another worker count: not an edit
+
+
+def test_lab2s_loader_record_made_on_a_gpu_replays_on_a_simulated_cuda_grader_and_not_on_a_cpu_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A GPU server grading with default flags runs the notebook on `cuda`: a home run on a GPU replays there
+    (the device as the notebook holds it, a torch.device), and a CPU grader measures again."""
+    import torch
+
+    from perflab.labs import lab02, lab02_measure
+
+    s = lab02.sizes("tiny")
+    runs: list[int] = []
+
+    def measure_prefetch(workers):
+        runs.append(workers)
+        return {1: 900.0, 2: 910.0}
+
+    lab02_measure.measured("prefetch", measure_prefetch, 4, device=torch.device("cuda", 0), sizes=s)
+    homework.write_file(list(homework.RECORDED), tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab02_measure.measured("prefetch", measure_prefetch, 4, device=torch.device("cuda"), sizes=s) == {1: 900.0, 2: 910.0}
+    assert runs == [4] and homework.EVENTS[-1]["event"] == "replayed"
+    _grading_kernel(monkeypatch)
+    lab02_measure.measured("prefetch", measure_prefetch, 4, device=torch.device("cpu"), sizes=s)
+    assert runs == [4, 4] and homework.EVENTS[-1]["event"] == "quick"
+
+
+def test_lab5s_compile_measured_by_code_without_source_is_measured_and_never_recorded() -> None:
+    import functools
+
+    from perflab.labs import lab05
+
+    def measure_compile(build, steps, *, clock=None, sync=None):
+        return None
+
+    got = lab05.measured_modes(lambda: _compile_experiment(("default",)), "small", "cpu",
+                               code=functools.partial(measure_compile, steps=3))
+    assert set(got[0]) == {"eager", "default"} and homework.RECORDED == []

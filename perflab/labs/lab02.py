@@ -237,8 +237,8 @@ def as_decided(best: Any, why: Any, baseline: TrainConfig, device: Any, swept: A
     the line of why and the worker counts the notebook's sweep measured (`swept`, its `train_sweep`) are
     recorded in the cell's output; in the grading kernel, where the sweep is replayed and the comparison
     runs at the smallest budget, the home run's knobs on this baseline (home ran its own sizes, the grader
-    runs its own) and its why, on the same kind of device. The grader reads the counts: a BEST whose worker count the home sweep never
-    measured was not decided from it (`hidden.lab02.measured_at_home`)."""
+    runs its own) and its why, on the same kind of device. The grader reads the counts: a BEST whose
+    worker count the home sweep never measured was not decided from it (`hidden.lab02.measured_at_home`)."""
     counts = sorted({n for n in swept if isinstance(n, int) and not isinstance(n, bool)}) if isinstance(
         swept, (dict, list, tuple, set)) else None
 

@@ -32,7 +32,6 @@ def loader_pace(baseline: TrainConfig, candidate: TrainConfig, block_size: int) 
             "lead_in": (pace.lead_in(queues[0]), pace.lead_in(queues[1]))}
 
 
-
 def measured(cell: str, measure: Callable[..., T], *args: Any, device: Any, sizes: Any, code: Sequence[Any] = ()) -> T:
     """`measure(*args)`, one of the notebook's loader measurements (its sweep, the crowded run, epoch
     starts, the prefetch sweep): at home it runs and its figures are recorded in the cell's output
