@@ -225,7 +225,7 @@ def test_collect_from_an_lms_zip_lists_what_it_could_not_use(tmp_path):
 
 
 def _record(student="alice", digest="abc", score=1.0):
-    cell = state.CellResult("test_mean", score, 2.0, verdict="inconclusive")
+    cell = state.CellResult("test_mean", score, 2.0, verdict="inconclusive", speedup=1.02, code="undecided")
     return state.Record(student, "lab00_fixture", digest, "graded", (cell,), notes=("a note",))
 
 
@@ -239,6 +239,30 @@ def test_state_round_trips_and_knows_what_is_done(tmp_path):
     (tmp_path / ".perflab" / "state.json").write_text("{broken")
     with pytest.raises(ValueError, match="grading state is unreadable"):
         state.State.load(tmp_path)
+
+
+def test_a_state_file_written_before_cells_kept_the_verifiers_code_still_loads(tmp_path):
+    st = state.State.load(tmp_path)
+    st.put(_record())
+    path = tmp_path / ".perflab" / "state.json"
+    doc = json.loads(path.read_text())
+    for record in doc["records"].values():
+        for cell in record["cells"]:
+            del cell["code"]
+    path.write_text(json.dumps(doc))
+    assert state.State.load(tmp_path).get("lab00_fixture", "alice").cells[0].code is None
+
+
+def test_the_verification_record_keeps_the_verifiers_code() -> None:
+    from perflab.labs import common
+    from perflab.verify import Verdict
+    from perflab.verify.expectations import Expectation
+
+    verdict = Verdict("fail", "below_bar", "re-measured speedup 0.88x ... is below the expected 0.90x", 0.9,
+                      baseline_times=(1.0, 1.0, 1.01), candidate_times=(1.13, 1.14, 1.15))
+    expectation = Expectation("lab06_final", 0.9, "parity", "cpu-bf16", True, "calibrated here")
+    mark = common.mark_of(verdict, expectation)
+    assert mark.verdict["code"] == "below_bar" and mark.verdict["verdict"] == "fail" and mark.fraction == 0.0
 
 
 def test_one_writer_at_a_time(tmp_path):

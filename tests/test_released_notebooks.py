@@ -186,15 +186,21 @@ def test_a_released_notebook_runs_top_to_bottom_with_its_own_test_cells(lab: str
 def test_a_released_notebook_with_todays_answers_grades_as_the_reference(lab: str, at_home) -> None:
     """Submitted to the lab's course and graded by the real pipeline against today's code, the released
     notebook, saved after it ran as a student hands it in, earns on every autograded cell what today's
-    reference solution earns."""
+    reference solution earns. A cell either run lost on a re-measurement the host's timing decided
+    (`H.TIMED_CODES`) is compared as re-measured in both, not by its score: each run decided at home from
+    its own noisy measurement (lab 6's screening may keep a loader worker in one run and not in the other)."""
     course = H.course_for(lab)
     run = H.autograde(course, lab, STUDENT, at_home(lab)[1])
     reference = H.graded_solution(lab)
     assert not run.errors(), run.errors()
     assert not run.stderr_test_cells(), run.stderr_test_cells()
-    earned = {s.grade_id: s.auto_score for s in run.autograded}
-    assert earned == {s.grade_id: s.auto_score for s in reference.autograded}, (
+    timed = run.timed_shortfalls().keys() | reference.timed_shortfalls().keys()
+    earned = {s.grade_id: s.auto_score for s in run.autograded if s.grade_id not in timed}
+    assert earned == {s.grade_id: s.auto_score for s in reference.autograded if s.grade_id not in timed}, (
         f"released: {run.shortfalls()}; reference: {reference.shortfalls()}")
+    for graded in (run, reference):
+        codes = {c.grade_id: c.code for c in graded.record.cells}
+        assert all(codes.get(gid) for gid in timed), f"{graded.student}: {graded.shortfalls()}"
 
 
 @pytest.mark.parametrize("lab", LABS)

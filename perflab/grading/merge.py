@@ -74,7 +74,8 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
             needs_manual_grade=row.needs_manual_grade, error=row.error,
             verdict=verdict.get("verdict"), speedup=_float(verdict.get("speedup")),
             claimed=_float(verdict.get("claimed")),
-            hardware_class=verdict.get("hardware_class") or result.hardware_class or hardware_class))
+            hardware_class=verdict.get("hardware_class") or result.hardware_class or hardware_class,
+            code=verdict.get("code") if isinstance(verdict.get("code"), str) else None))
     flags = [f"{f.cell}: {f.message}" for f in result.findings if f.flag]
     flags += [f"{row.grade_id}: {row.flag}" for row in result.cells if row.flag]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]

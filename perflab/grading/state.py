@@ -43,6 +43,7 @@ class CellResult:
     speedup: float | None = None
     claimed: float | None = None
     hardware_class: str | None = None
+    code: str | None = None  # the verifier's named reason for `verdict` ("clears_bar", "below_bar", "no_change", ...)
 
 
 @dataclass(frozen=True)

@@ -410,9 +410,11 @@ def judge_decision(verdict: Any) -> Any:
 
 
 def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
-    """A verdict as the grade table records it (an error counts as a fail)."""
+    """A verdict as the grade table records it (an error counts as a fail; `code` keeps the verifier's
+    named reason, e.g. "below_bar" for a figure measured under its bar, "loss_mismatch" for a gate)."""
     outcome = verdict.outcome if verdict.outcome != "error" else "fail"
-    record = {"name": expectation.name, "verdict": outcome, "speedup": verdict.speedup,
+    record = {"name": expectation.name, "verdict": outcome, "code": getattr(verdict, "code", None),
+              "speedup": verdict.speedup,
               "ci": list(verdict.ci) if verdict.ci is not None else None, "claimed": verdict.claim,
               "hardware_class": expectation.hardware_class, "reason": verdict.reason}
     saved = (getattr(verdict, "details", None) or {}).get("activation_bytes")
