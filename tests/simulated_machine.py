@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from perflab.verify import candidates, child, guard, protocol
+from perflab.verify import candidates, child, guard, machine_load, protocol
 from perflab.workload import TrainConfig
 
 # The simulated step's time without any change (seconds): the order of a tiny ResNet-18 step on one core.
@@ -62,8 +62,10 @@ class SimulatedMachine:
     jitter: float = NOISY
 
     def install(self, monkeypatch: Any) -> None:
-        """Every `perflab.verify.verify` of a configuration in this test runs on this machine."""
+        """Every `perflab.verify.verify` of a configuration in this test runs on this machine (whose load
+        nothing else shares: the host's is not read)."""
         monkeypatch.setattr(protocol, "run_child", self.run_child)
+        monkeypatch.setattr(machine_load, "sample", lambda root=None: None)
 
     def run_child(self, job: dict[str, Any], *, time_limit: float, memory_limit: int | None) -> tuple[dict[str, Any], str, float]:
         """`protocol.run_child`'s contract: the child's result, no failure, and its (simulated) wall seconds."""

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from perflab import demo as demo_mod
+from perflab.labs import common
 
 pytestmark = pytest.mark.slow
 LAB = "lab01_measure"
@@ -48,7 +49,9 @@ def test_reference_gets_every_autograded_mark(demo):
     # Nothing suspect. An inconclusive re-measurement is flagged for a person by design (the instructor's
     # policy scores it): at tiny sizes on a shared 2-core host the reference's fixed mystery pipeline once
     # straddled its 1.10x bar, a verdict of the host's noise, not of the submission.
-    suspect = [flag for flag in sub["flags"] if not flag.endswith("verification inconclusive")]
+    # Nor is a re-measurement the host's other work disturbed twice (`perflab.verify.machine_load`): the machine's.
+    suspect = [flag for flag in sub["flags"] if not flag.endswith("verification inconclusive")
+               and not flag.endswith(common.BUSY_FLAG_END)]
     assert not suspect, sub["flags"]
 
 

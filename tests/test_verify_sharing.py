@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perflab.verify import Side, protocol
+from perflab.verify import Side, machine_load, protocol
 from perflab.workload import TrainConfig
 
 BASE = TrainConfig(data="tiny", image_size=32, batch_size=8, threads=1)
@@ -35,6 +35,7 @@ def child(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         return result, "", 2.0
 
     monkeypatch.setattr(protocol, "run_child", fake_run_child)
+    monkeypatch.setattr(machine_load, "sample", lambda root=None: None)  # the host's load never measures twice here
     return jobs
 
 

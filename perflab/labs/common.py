@@ -364,9 +364,12 @@ def slower_than_leaving_it_out(verdict: Any) -> Any:
     ci = verdict.ci if verdict.outcome in ("pass", "inconclusive") else None
     if ci is None or keep_rule(ci).finding != SLOWER:
         return verdict
+    from perflab.verify.protocol import load_note
+
     return dataclasses.replace(verdict, outcome="fail", code="slower_than_without", reason=(
         f"re-measured speedup {verdict.speedup:.2f}x (95% CI {ci[0]:.2f}-{ci[1]:.2f}x): measurably slower than "
-        "leaving the change out on this machine, so leaving it out is the right decision here"))
+        "leaving the change out on this machine, so leaving it out is the right decision here"
+        + load_note(verdict.details)))
 
 
 # The verifier's code for a CI that still straddles the bar after the whole timing budget: the one
@@ -442,11 +445,24 @@ SUSPECT_AFTER_GATE = ("loss_mismatch", "samples_differ")
 
 
 def suspicion(verdict: Any) -> str | None:
-    """Why a re-measurement should be flagged for a person (None for an honest pass, fail or error)."""
+    """Why a re-measurement should be flagged for a person (None for an honest pass, fail or error timed on
+    an otherwise idle machine)."""
+    from perflab.verify import machine_load
+
     code, reason = getattr(verdict, "code", ""), getattr(verdict, "reason", "") or ""
     if code in SUSPECT_CODES or (code in SUSPECT_AFTER_GATE and "(timed steps)" in reason):
         return f"the re-measurement found {code}: {reason}"
+    details = getattr(verdict, "details", None) or {}
+    busy = details.get("foreign_cores")
+    if isinstance(busy, (int, float)) and machine_load.disturbed(busy):
+        twice = ", twice" if details.get("measured") == 2 else ""
+        return (f"the machine was busy with other work ({busy:.2f} CPU cores on average) while this cell was "
+                f"re-measured{twice}: {BUSY_FLAG_END}")
     return None
+
+
+# How the flag of a re-measurement timed on a busy machine ends (a flag for the machine, not the student).
+BUSY_FLAG_END = "grade it again when the machine is idle"
 
 
 def report(verdict: Any, expectation: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from perflab.verify import decide, guard
+from perflab.verify import decide, guard, machine_load
 from perflab.verify.candidates import Side
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ def direction(lo: float, hi: float) -> str:
 # process's own.
 _placement: contextvars.ContextVar[tuple[tuple[int, ...] | None, str | None]] = contextvars.ContextVar(
     "perflab_verify_placement", default=(None, None))
+# Whether the calling thread measures for the grader (inside `placed`): a disturbed measurement is taken again.
+_grading: contextvars.ContextVar[bool] = contextvars.ContextVar("perflab_verify_grading", default=False)
 
 
 @contextlib.contextmanager
@@ -170,11 +173,14 @@ def placed(cpus: tuple[int, ...] | None, gpu: str | None) -> Iterator[None]:
     """Inside this block, this thread's `run_child` runs its child on `cpus` (sched_setaffinity, where the
     OS still allows them) and sees only GPU `gpu` (its CUDA_VISIBLE_DEVICES entry). A local grading pool
     gives each job its own cores or GPU; the judges' re-measurements of that job run there too, not on
-    the grader's first GPU beside another job's notebook."""
+    the grader's first GPU beside another job's notebook. A re-measurement in this block that other
+    processes' load disturbed is taken again once the machine is quiet (`verify`)."""
     token = _placement.set((tuple(cpus) if cpus else None, gpu))
+    grading = _grading.set(True)
     try:
         yield
     finally:
+        _grading.reset(grading)
         _placement.reset(token)
 
 
@@ -313,13 +319,46 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
            "activation_bytes": bool(measure_activations)}
     log.info("verifying %s against %s (bar %.2fx)", cand_side.label, base_side.label, expectation)
     shareable = runner is None and not cand_side.is_student_code
-    result, why, wall, seed = _measured(job, runner or run_child, shareable, time_limit=time_limit,
-                                        memory_limit=memory_limit)
+    result, why, wall, seed, busy = _measured(job, runner or run_child, shareable, time_limit=time_limit,
+                                              memory_limit=memory_limit)
+    tries = 1
+    if machine_load.disturbed(busy) and _grading.get():
+        # The grader's measurement, and another process competed for the cores while the child timed:
+        # measure again once the machine is quiet (a student's figure is never judged on someone else's load).
+        log.warning("the machine was busy with other work while %s was re-measured (%.2f CPU cores on "
+                    "average); measuring again once it is quiet", cand_side.label, busy)
+        machine_load.wait_for_quiet()
+        result, why, wall, seed, busy = _measured(job, runner or run_child, shareable, time_limit=time_limit,
+                                                  memory_limit=memory_limit)
+        tries = 2
     common = {"expectation": expectation, "claim": claim, "seed": seed, "elapsed_seconds": wall,
               "baseline": base_side.label, "candidate": cand_side.label}
-    if result is None:
-        return Verdict("error", why.split(":")[0], why, **common)
-    return judge(result, budget=budget, **common)
+    verdict = Verdict("error", why.split(":")[0], why, **common) if result is None else judge(result, budget=budget,
+                                                                                              **common)
+    return _with_load(verdict, busy, tries)
+
+
+# What a verdict timed on a busy machine says (`perflab.labs.common.suspicion` flags it for a person).
+BUSY_WORDS = "the figure is partly the machine's load; measure again when the machine is idle"
+
+
+def _with_load(verdict: Verdict, busy: float | None, tries: int) -> Verdict:
+    """`verdict` with the cores other processes kept busy while it was timed (`details["foreign_cores"]`,
+    and `details["measured"]`, how many times it was measured), its reason saying so where they disturbed it."""
+    if busy is None:
+        return verdict
+    details = {**verdict.details, "foreign_cores": round(busy, 3), "measured": tries}
+    return dataclasses.replace(verdict, reason=verdict.reason + load_note(details), details=details)
+
+
+def load_note(details: dict[str, Any]) -> str:
+    """What a verdict's reason adds where other processes disturbed its timing ('' where they did not): for
+    a reason that is rewritten after the verifier (the keep rule's), so the note is never lost."""
+    busy = details.get("foreign_cores")
+    if not isinstance(busy, (int, float)) or not machine_load.disturbed(busy):
+        return ""
+    twice = ", twice" if details.get("measured") == 2 else ""
+    return f"; other processes kept {busy:.2f} CPU cores busy on average while it was timed{twice}: {BUSY_WORDS}"
 
 
 # Measurements a grading run shares (`shared_measurements`): one child's raw result per job, by the job
@@ -353,17 +392,20 @@ def shared_measurements() -> Iterator[None]:
 
 
 def _measured(job: dict[str, Any], run: Callable[..., Any], shareable: bool, *, time_limit: float,
-              memory_limit: int | None) -> tuple[Any, str, float, int]:
-    """(result, why, wall seconds, the seed it was measured with): the child's run, or the run's shared
-    measurement of the same job (`shared_measurements`). A failed, flagged or undecidably short run is
-    never handed on."""
-    def measure() -> tuple[Any, str, float, int]:
-        return (*run(job, time_limit=time_limit, memory_limit=memory_limit), job["seed"])
+              memory_limit: int | None) -> tuple[Any, str, float, int, float | None]:
+    """(result, why, wall seconds, the seed it was measured with, the cores other processes kept busy
+    meanwhile or None): the child's run, or the run's shared measurement of the same job
+    (`shared_measurements`). A failed, flagged, undecidably short or disturbed run is never handed on."""
+    def measure() -> tuple[Any, str, float, int, float | None]:
+        start = machine_load.sample()
+        measured = run(job, time_limit=time_limit, memory_limit=memory_limit)
+        return (*measured, job["seed"], machine_load.foreign_cores(start, machine_load.sample()))
 
-    def decided(measured: tuple[Any, str, float, int]) -> bool:
+    def decided(measured: tuple[Any, str, float, int, float | None]) -> bool:
         result = measured[0]
         return (isinstance(result, dict) and "error" not in result and not result.get("problems")
-                and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"])
+                and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"]
+                and not machine_load.disturbed(measured[4]))
 
     if not shareable:
         return measure()

@@ -1,0 +1,157 @@
+"""The verifier reads how busy the rest of the machine is (`perflab.verify.machine_load`) and measures again,
+once it is quiet, where another process competed with its child: a busy host must not fail a decision."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perflab.labs import common
+from perflab.verify import machine_load, protocol
+from perflab.workload import TrainConfig
+
+BASE = TrainConfig(data="tiny", image_size=32, batch_size=8, threads=1)
+WORKERS = BASE.replace(num_workers=1, persistent_workers=True, prefetch_factor=2)
+BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextlib.contextmanager
+def _outside_process(seconds: float) -> Iterator[int]:
+    """A busy loop that is no descendant of this process (its parent exits at once, so it is re-parented
+    away): another user's job on the machine. Yields its pid; killed on the way out."""
+    program = ("import os, sys\nif os.fork():\n    os._exit(0)\nprint(os.getpid(), flush=True)\n"
+               + BUSY_LOOP.format(seconds=seconds))
+    launcher = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    pid = int(launcher.stdout.readline())
+    launcher.wait()
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _foreign_over(seconds: float) -> float | None:
+    start = machine_load.sample()
+    time.sleep(seconds)
+    return machine_load.foreign_cores(start, machine_load.sample())
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
+def test_a_process_outside_the_grader_reads_as_other_work_and_the_graders_own_children_do_not() -> None:
+    own = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=2.0)])
+    try:
+        time.sleep(0.2)
+        with_own = _foreign_over(1.5)
+    finally:
+        own.kill()
+        own.wait()
+    with _outside_process(2.0):
+        time.sleep(0.2)
+        with_outside = _foreign_over(1.5)
+    assert with_own is not None and with_outside is not None
+    # One busy process reads about one core; both windows share whatever else the host was doing.
+    assert with_outside - with_own > 0.6, (with_own, with_outside)
+
+
+def test_a_machine_without_proc_is_not_judged(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(machine_load, "PROC", tmp_path)
+    assert machine_load.sample() is None
+    assert machine_load.foreign_cores(None, None) is None and not machine_load.disturbed(None)
+    assert machine_load.wait_for_quiet(limit_s=5) is None
+
+
+def test_waiting_for_quiet_ends_at_the_first_quiet_window_or_at_its_limit(monkeypatch) -> None:
+    readings = iter([1.0, 0.9, 0.1, 1.0])
+    monkeypatch.setattr(machine_load, "foreign_cores", lambda a, b: next(readings))
+    assert machine_load.wait_for_quiet(limit_s=60, window_s=0.01) == 0.1
+    monkeypatch.setattr(machine_load, "foreign_cores", lambda a, b: 1.0)
+    started = time.monotonic()
+    assert machine_load.wait_for_quiet(limit_s=0.05, window_s=0.01) == 1.0
+    assert time.monotonic() - started < 5
+
+
+@pytest.fixture()
+def child(monkeypatch) -> list[dict]:
+    """The verify child, replaced by one whose loader worker reads 0.88x (12 pairs): what a busy second core
+    makes of it."""
+    jobs: list[dict] = []
+
+    def fake_run_child(job, *, time_limit, memory_limit):
+        jobs.append(job)
+        a = [0.100 + 0.001 * (i % 5) for i in range(12)]
+        return {"baseline_times": a, "candidate_times": [t / 0.88 for t in a], "block_steps": 1,
+                "timed_seconds": 0.5}, "", 2.0
+
+    monkeypatch.setattr(protocol, "run_child", fake_run_child)
+    monkeypatch.setattr(machine_load, "sample", lambda root=None: machine_load.Sample(0.0, 0.0, 0.0))
+    monkeypatch.setattr(machine_load, "wait_for_quiet", lambda *a, **k: 0.0)
+    return jobs
+
+
+def _loads(monkeypatch, *cores: float) -> None:
+    readings = iter(cores)
+    monkeypatch.setattr(machine_load, "foreign_cores", lambda a, b: next(readings))
+
+
+def test_a_measurement_the_machines_other_work_disturbed_is_taken_again_once_it_is_quiet(child, monkeypatch) -> None:
+    _loads(monkeypatch, 1.0, 0.02)
+    with protocol.placed(None, None):  # the grader's measurement
+        verdict = protocol.verify(BASE, WORKERS, expectation=0.9)
+    assert len(child) == 2
+    assert verdict.details["foreign_cores"] == 0.02 and protocol.BUSY_WORDS not in verdict.reason
+    assert common.suspicion(verdict) is None
+
+
+def test_a_quiet_measurement_is_taken_once(child, monkeypatch) -> None:
+    _loads(monkeypatch, 0.03)
+    verdict = protocol.verify(BASE, WORKERS, expectation=0.9)
+    assert len(child) == 1 and verdict.details["foreign_cores"] == 0.03
+
+
+def test_a_machine_busy_both_times_keeps_the_verdict_and_says_so_for_a_person(child, monkeypatch) -> None:
+    _loads(monkeypatch, 1.0, 0.8)
+    with protocol.placed(None, None):
+        verdict = protocol.verify(BASE, WORKERS, expectation=0.9)
+    assert len(child) == 2 and verdict.outcome == "fail"  # no credit from a busy machine either
+    assert protocol.BUSY_WORDS in verdict.reason and "0.80 CPU cores busy on average while it was timed, twice" \
+        in verdict.reason
+    flag = common.suspicion(verdict)
+    assert flag is not None and flag.endswith(common.BUSY_FLAG_END)
+    mark = common.mark_of(verdict, common.decision_bar(_parity()))
+    assert mark.fraction == 0.0 and mark.flag == flag
+
+
+def test_a_grading_run_never_shares_a_disturbed_measurement(child, monkeypatch) -> None:
+    _loads(monkeypatch, 1.0, 0.9, 0.0)
+    with protocol.shared_measurements(), protocol.placed(None, None):
+        protocol.verify(BASE, WORKERS, expectation=0.9)  # busy twice: measured twice, kept for no one
+        again = protocol.verify(BASE, WORKERS, expectation=0.9)
+    assert len(child) == 3 and again.details["foreign_cores"] == 0.0
+
+
+def test_a_students_own_measurement_is_not_repeated_but_says_what_disturbed_it(child, monkeypatch) -> None:
+    """At home (no grader around it) the notebook's verdict is measured once and tells the student why its
+    figure may be low."""
+    _loads(monkeypatch, 0.9)
+    verdict = protocol.verify(BASE, WORKERS, expectation=0.9)
+    assert len(child) == 1 and protocol.BUSY_WORDS in verdict.reason and ", twice" not in verdict.reason
+    # The keep rule rewrites the reason of a measurably slower decision: the note stays.
+    judged = common.judge_decision(verdict)
+    assert judged.code in ("below_bar", "slower_than_without") and protocol.BUSY_WORDS in judged.reason
+    assert common.suspicion(judged) == ("the machine was busy with other work (0.90 CPU cores on average) while "
+                                        f"this cell was re-measured: {common.BUSY_FLAG_END}")
+
+
+def _parity():
+    from perflab.verify.expectations import Expectation
+
+    return Expectation("lab06_final", 0.9, "parity", "cpu-bf16", True, "calibrated here")
