@@ -420,6 +420,9 @@ def verdict_record(verdict: Any, expectation: Any) -> dict[str, Any]:
               "speedup": verdict.speedup,
               "ci": list(verdict.ci) if verdict.ci is not None else None, "claimed": verdict.claim,
               "hardware_class": expectation.hardware_class, "reason": verdict.reason}
+    busy = (getattr(verdict, "details", None) or {}).get("foreign_cores")
+    if isinstance(busy, (int, float)):  # the other processes' load while it was timed (`verify.machine_load`)
+        record["foreign_cores"] = busy
     saved = (getattr(verdict, "details", None) or {}).get("activation_bytes")
     if saved:  # what a step keeps for backward, re-measured with the time (lab 4)
         record["activation_bytes"] = dict(saved)
@@ -447,14 +450,12 @@ SUSPECT_AFTER_GATE = ("loss_mismatch", "samples_differ")
 def suspicion(verdict: Any) -> str | None:
     """Why a re-measurement should be flagged for a person (None for an honest pass, fail or error timed on
     an otherwise idle machine)."""
-    from perflab.verify import machine_load
-
     code, reason = getattr(verdict, "code", ""), getattr(verdict, "reason", "") or ""
     if code in SUSPECT_CODES or (code in SUSPECT_AFTER_GATE and "(timed steps)" in reason):
         return f"the re-measurement found {code}: {reason}"
     details = getattr(verdict, "details", None) or {}
     busy = details.get("foreign_cores")
-    if isinstance(busy, (int, float)) and machine_load.disturbed(busy):
+    if details.get("disturbed") and isinstance(busy, (int, float)):
         twice = ", twice" if details.get("measured") == 2 else ""
         return (f"the machine was busy with other work ({busy:.2f} CPU cores on average) while this cell was "
                 f"re-measured{twice}: {BUSY_FLAG_END}")

@@ -508,6 +508,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     start = CLOCKS.perf_counter_ns()
+    from perflab.verify import machine_load
+
+    machine_load.adopt_orphans()  # every process this run starts is reaped here before it exits
     sandboxed = len(sys.argv) == 3 and sys.argv[1] == "--job"  # the grader's sandbox: job in a file, result on its pipe
     if sandboxed:
         with open(sys.argv[2], encoding="utf-8") as f:
@@ -541,6 +544,9 @@ def main() -> None:
         os.replace(tmp, result_path)
     sys.stdout.flush()
     sys.stderr.flush()
+    # Loader workers and the like end here, so the grader counts their CPU time as this run's own
+    # (`machine_load`), not as another process's load on the machine.
+    machine_load.reap_descendants()
     # Skip interpreter shutdown: no student atexit handler or finaliser runs after the result is written.
     os._exit(0)
 

@@ -9,7 +9,11 @@ and measures again, once the machine is quiet, where the first run was disturbed
     start = sample()                      # None where the machine has no /proc (macOS): nothing is judged
     ...                                   # the verifier's child runs
     foreign_cores(start, sample())        # average cores kept busy by processes outside this tree
-    wait_for_quiet()                      # until one window reads below BUSY_CORES, at most QUIET_WAIT_S
+    disturbed(cores, needed)              # more than BUSY_CORES beyond the cores the measurement left free
+    wait_for_quiet(needed=needed)         # until one window is not disturbed, at most QUIET_WAIT_S
+
+The verifier's child makes itself the parent of its orphans (`adopt_orphans`) and kills and reaps every
+descendant before it exits (`reap_descendants`): their CPU time then reaches the tree's count.
 
 "Outside this tree": every process but this one and its descendants (the child, its loader workers, the
 grading sandbox and the notebooks of other jobs all count as this grader's own work), on the CPUs this
@@ -20,6 +24,7 @@ user and system time, with its reaped children's (/proc/PID/stat).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -63,17 +68,24 @@ def foreign_cores(start: Sample | None, end: Sample | None) -> float | None:
     if start is None or end is None or end.wall <= start.wall:
         return None
     foreign = (end.busy - start.busy) - (end.own - start.own)
-    return max(0.0, foreign) / (end.wall - start.wall)
+    return round(max(0.0, foreign) / (end.wall - start.wall), 3)
 
 
-def disturbed(cores: float | None) -> bool:
-    """Whether a measurement that saw `cores` of other work was disturbed by it."""
-    return cores is not None and cores > BUSY_CORES
+def disturbed(cores: float | None, needed: int = 2) -> bool:
+    """Whether a measurement that saw `cores` of other work was disturbed by it: more than BUSY_CORES beyond
+    the cores the measurement left free (this process's CPUs less the `needed` ones its child runs on: a
+    training thread and a loader worker by default). On 2 cores any half core of other work disturbs it; on
+    a 16-core node, other jobs on the 14 cores it does not use do not."""
+    if cores is None:
+        return False
+    cpus = _allowed_cpus()
+    spare = max(0, (len(cpus) if cpus else os.cpu_count() or 1) - needed)
+    return cores > spare + BUSY_CORES
 
 
-def wait_for_quiet(limit_s: float = QUIET_WAIT_S, window_s: float = QUIET_WINDOW_S) -> float | None:
-    """Wait until one window reads no more than BUSY_CORES of other work, at most `limit_s`: the last
-    window's reading (None where the machine cannot be read: nothing to wait for)."""
+def wait_for_quiet(limit_s: float = QUIET_WAIT_S, window_s: float = QUIET_WINDOW_S, needed: int = 2) -> float | None:
+    """Wait until one window reads no other work that would disturb a measurement on `needed` cores
+    (`disturbed`), at most `limit_s`: the last window's reading (None where the machine cannot be read)."""
     deadline = time.monotonic() + limit_s
     while True:
         start = sample()
@@ -81,7 +93,7 @@ def wait_for_quiet(limit_s: float = QUIET_WAIT_S, window_s: float = QUIET_WINDOW
             return None
         time.sleep(window_s)
         cores = foreign_cores(start, sample())
-        if not disturbed(cores) or time.monotonic() >= deadline:
+        if not disturbed(cores, needed) or time.monotonic() >= deadline:
             return cores
 
 
@@ -112,20 +124,19 @@ def _busy_seconds(cpus: set[int] | None) -> float:
 
 def _tree_seconds(root: int) -> float:
     """User and system time of `root` and every live descendant, with the reaped children of each (a child
-    that exits moves its time into its parent's count, so the sum stays whole)."""
+    that exits moves its time into its parent's count, so the sum stays whole). Read newest process first:
+    a child reaped while the scan runs is then read before the parent that takes its time over (counted
+    twice, which can only hide other work), never after (lost, which would invent it)."""
     parents: dict[int, int] = {}
     times: dict[int, int] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in sorted((int(e.name) for e in PROC.iterdir() if e.name.isdigit()), reverse=True):
         try:
-            text = (entry / "stat").read_text()
-        except OSError:  # it exited while we read
+            raw = (PROC / str(pid) / "stat").read_bytes()
+            fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 3
+            parents[pid] = int(fields[1])
+            times[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):  # it exited while we read, or an entry we cannot parse
             continue
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        times[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     if root not in times:
         raise ValueError(f"process {root} is not in /proc")
     children: dict[int, list[int]] = {}
@@ -137,3 +148,57 @@ def _tree_seconds(root: int) -> float:
         total += times.get(pid, 0)
         todo.extend(children.get(pid, ()))
     return total / _TICKS
+
+
+# Linux's prctl option that makes a process the parent of its orphaned descendants (<linux/prctl.h>).
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Make this process the parent of its descendants whose own parent exits (Linux): `reap_descendants`
+    can then reap them all, and their CPU time reaches this process's count of reaped children."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_descendants(timeout_s: float = 5.0) -> None:
+    """Kill every descendant of this process and reap them, so the CPU time they spent moves into this
+    process's count before it exits: loader workers left alive at the verifier child's exit would otherwise
+    be re-parented away and their time read as other work (with `adopt_orphans`, their own children too)."""
+    import signal
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.01)
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                raw = (entry / "stat").read_bytes()
+                parents[int(entry.name)] = int(raw[raw.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    out, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out

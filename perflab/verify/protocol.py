@@ -319,35 +319,63 @@ def verify(baseline: Any, candidate: Any, *, expectation: float, claim: float | 
            "activation_bytes": bool(measure_activations)}
     log.info("verifying %s against %s (bar %.2fx)", cand_side.label, base_side.label, expectation)
     shareable = runner is None and not cand_side.is_student_code
+    needed = threads + max(_workers(base_side), _workers(cand_side), 1)  # cores the child may keep busy
     result, why, wall, seed, busy = _measured(job, runner or run_child, shareable, time_limit=time_limit,
-                                              memory_limit=memory_limit)
+                                              memory_limit=memory_limit, needed=needed)
     tries = 1
-    if machine_load.disturbed(busy) and _grading.get():
+    first = _first_run(result, busy)
+    if machine_load.disturbed(busy, needed) and _grading.get() and _clean(result):
         # The grader's measurement, and another process competed for the cores while the child timed:
         # measure again once the machine is quiet (a student's figure is never judged on someone else's load).
         log.warning("the machine was busy with other work while %s was re-measured (%.2f CPU cores on "
                     "average); measuring again once it is quiet", cand_side.label, busy)
-        machine_load.wait_for_quiet()
+        machine_load.wait_for_quiet(needed=needed)
         result, why, wall, seed, busy = _measured(job, runner or run_child, shareable, time_limit=time_limit,
-                                                  memory_limit=memory_limit)
+                                                  memory_limit=memory_limit, needed=needed)
         tries = 2
     common = {"expectation": expectation, "claim": claim, "seed": seed, "elapsed_seconds": wall,
               "baseline": base_side.label, "candidate": cand_side.label}
     verdict = Verdict("error", why.split(":")[0], why, **common) if result is None else judge(result, budget=budget,
                                                                                               **common)
-    return _with_load(verdict, busy, tries)
+    verdict = _with_load(verdict, busy, tries, needed)
+    if tries == 2:  # what the disturbed first run measured stays beside the verdict, for whoever audits it
+        verdict = dataclasses.replace(verdict, details={**verdict.details, "first_run": first})
+    return verdict
+
+
+def _workers(side: Side) -> int:
+    """Loader workers a side's configuration starts (0 for a module: its processes are its own business)."""
+    config = side.kwargs.get("config")
+    workers = config.get("num_workers") if isinstance(config, dict) else None
+    return workers if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 else 0
+
+
+def _clean(result: Any) -> bool:
+    """A child result that may be measured again: timed, with no problem found (a run that raised, or where
+    the guard found tampering, keeps its verdict: disturbing the machine never buys a second draw of it)."""
+    return isinstance(result, dict) and "error" not in result and not result.get("problems")
+
+
+def _first_run(result: Any, busy: float | None) -> dict[str, Any]:
+    """What a first run measured, kept where it is measured again: its block times and the load beside it."""
+    if not isinstance(result, dict):
+        return {"foreign_cores": busy}
+    return {"foreign_cores": busy, "baseline_times": result.get("baseline_times"),
+            "candidate_times": result.get("candidate_times")}
 
 
 # What a verdict timed on a busy machine says (`perflab.labs.common.suspicion` flags it for a person).
 BUSY_WORDS = "the figure is partly the machine's load; measure again when the machine is idle"
 
 
-def _with_load(verdict: Verdict, busy: float | None, tries: int) -> Verdict:
-    """`verdict` with the cores other processes kept busy while it was timed (`details["foreign_cores"]`,
-    and `details["measured"]`, how many times it was measured), its reason saying so where they disturbed it."""
+def _with_load(verdict: Verdict, busy: float | None, tries: int, needed: int) -> Verdict:
+    """`verdict` with the cores other processes kept busy while it was timed (`details["foreign_cores"]`),
+    how many times it was measured (`"measured"`) and whether that load disturbed it (`"disturbed"`: more
+    than the cores its `needed` left free, `machine_load.disturbed`), its reason saying so where it did."""
     if busy is None:
         return verdict
-    details = {**verdict.details, "foreign_cores": round(busy, 3), "measured": tries}
+    details = {**verdict.details, "foreign_cores": busy, "measured": tries,
+               "disturbed": machine_load.disturbed(busy, needed)}
     return dataclasses.replace(verdict, reason=verdict.reason + load_note(details), details=details)
 
 
@@ -355,7 +383,7 @@ def load_note(details: dict[str, Any]) -> str:
     """What a verdict's reason adds where other processes disturbed its timing ('' where they did not): for
     a reason that is rewritten after the verifier (the keep rule's), so the note is never lost."""
     busy = details.get("foreign_cores")
-    if not isinstance(busy, (int, float)) or not machine_load.disturbed(busy):
+    if not details.get("disturbed") or not isinstance(busy, (int, float)):
         return ""
     twice = ", twice" if details.get("measured") == 2 else ""
     return f"; other processes kept {busy:.2f} CPU cores busy on average while it was timed{twice}: {BUSY_WORDS}"
@@ -392,7 +420,7 @@ def shared_measurements() -> Iterator[None]:
 
 
 def _measured(job: dict[str, Any], run: Callable[..., Any], shareable: bool, *, time_limit: float,
-              memory_limit: int | None) -> tuple[Any, str, float, int, float | None]:
+              memory_limit: int | None, needed: int = 2) -> tuple[Any, str, float, int, float | None]:
     """(result, why, wall seconds, the seed it was measured with, the cores other processes kept busy
     meanwhile or None): the child's run, or the run's shared measurement of the same job
     (`shared_measurements`). A failed, flagged, undecidably short or disturbed run is never handed on."""
@@ -405,7 +433,7 @@ def _measured(job: dict[str, Any], run: Callable[..., Any], shareable: bool, *, 
         result = measured[0]
         return (isinstance(result, dict) and "error" not in result and not result.get("problems")
                 and len(result.get("baseline_times", [])) >= job["budget"]["min_pairs"]
-                and not machine_load.disturbed(measured[4]))
+                and not machine_load.disturbed(measured[4], needed))
 
     if not shareable:
         return measure()
