@@ -207,3 +207,23 @@ def _parity():
     from perflab.verify.expectations import Expectation
 
     return Expectation("lab06_final", 0.9, "parity", "cpu-bf16", True, "calibrated here")
+
+
+def test_calibration_measures_again_what_the_machine_disturbed_and_keeps_the_load_of_each_run(monkeypatch) -> None:
+    """A bar calibrated beside other work is the load's: each calibration run is taken as the grader takes
+    its re-measurements, and its file keeps the other work it saw."""
+    from types import SimpleNamespace
+
+    from perflab.verify import Budget, calibrate
+
+    seen: list[bool] = []
+
+    def fake_verify(base, cand, *, expectation, budget, seed, hashes):
+        seen.append(protocol._grading.get())
+        return SimpleNamespace(speedup=1.3, ci=(1.25, 1.35), code="clears_bar", outcome="pass", pairs=16,
+                               block_steps=1, elapsed_seconds=1.0, details={"foreign_cores": 0.01}, reason="")
+
+    monkeypatch.setattr(protocol, "verify", fake_verify)
+    entry = calibrate._measure("num_workers", BASE, WORKERS, 2, Budget(min_pairs=16, max_pairs=16), None)
+    assert seen == [True, True] and not protocol._grading.get()
+    assert [run["foreign_cores"] for run in entry["runs"]] == [0.01, 0.01]

@@ -176,12 +176,22 @@ def placed(cpus: tuple[int, ...] | None, gpu: str | None) -> Iterator[None]:
     the grader's first GPU beside another job's notebook. A re-measurement in this block that other
     processes' load disturbed is taken again once the machine is quiet (`verify`)."""
     token = _placement.set((tuple(cpus) if cpus else None, gpu))
+    try:
+        with measured_again_when_disturbed():
+            yield
+    finally:
+        _placement.reset(token)
+
+
+@contextlib.contextmanager
+def measured_again_when_disturbed() -> Iterator[None]:
+    """Inside this block, this thread's `verify` measures again, once the machine is quiet, a run that other
+    processes' load disturbed (`machine_load`): the grader's judges (`placed`) and calibration."""
     grading = _grading.set(True)
     try:
         yield
     finally:
         _grading.reset(grading)
-        _placement.reset(token)
 
 
 def _preexec(memory_limit: int | None, cpus: tuple[int, ...] | None = None) -> Any:
