@@ -368,10 +368,8 @@ def _clean(result: Any) -> bool:
 
 def _first_run(result: Any, busy: float | None) -> dict[str, Any]:
     """What a first run measured, kept where it is measured again: its block times and the load beside it."""
-    if not isinstance(result, dict):
-        return {"foreign_cores": busy}
-    return {"foreign_cores": busy, "baseline_times": result.get("baseline_times"),
-            "candidate_times": result.get("candidate_times")}
+    times = result if isinstance(result, dict) else {}
+    return {"foreign_cores": busy, **{k: times.get(k) for k in ("baseline_times", "candidate_times")}}
 
 
 # What a verdict timed on a busy machine says (`perflab.labs.common.suspicion` flags it for a person).
