@@ -124,9 +124,18 @@ def _busy_seconds(cpus: set[int] | None) -> float:
 
 def _tree_seconds(root: int) -> float:
     """User and system time of `root` and every live descendant, with the reaped children of each (a child
-    that exits moves its time into its parent's count, so the sum stays whole). Read newest process first:
-    a child reaped while the scan runs is then read before the parent that takes its time over (counted
-    twice, which can only hide other work), never after (lost, which would invent it)."""
+    that exits moves its time into its parent's count, so the sum stays whole)."""
+    parents, times = _process_table()
+    if root not in times:
+        raise ValueError(f"process {root} is not in /proc")
+    return sum(times.get(pid, 0) for pid in [root, *_below(root, parents)]) / _TICKS
+
+
+def _process_table() -> tuple[dict[int, int], dict[int, int]]:
+    """(parent of each process, its utime + stime + cutime + cstime in ticks), read newest process first: a
+    child reaped while the scan runs is then read before the parent that takes its time over (counted twice,
+    which can only hide other work), never after (lost, which would invent it). Entries that exit while
+    read, or cannot be parsed, are skipped."""
     parents: dict[int, int] = {}
     times: dict[int, int] = {}
     for pid in sorted((int(e.name) for e in PROC.iterdir() if e.name.isdigit()), reverse=True):
@@ -135,20 +144,22 @@ def _tree_seconds(root: int) -> float:
             fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 3
             parents[pid] = int(fields[1])
             times[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-        except (OSError, ValueError, IndexError):  # it exited while we read, or an entry we cannot parse
+        except (OSError, ValueError, IndexError):
             continue
-    if root not in times:
-        raise ValueError(f"process {root} is not in /proc")
+    return parents, times
+
+
+def _below(root: int, parents: dict[int, int]) -> list[int]:
+    """Every descendant of `root` in a table of parents."""
     children: dict[int, list[int]] = {}
     for pid, parent in parents.items():
         children.setdefault(parent, []).append(pid)
-    total, todo = 0, [root]
+    out, todo = [], list(children.get(root, ()))
     while todo:
         pid = todo.pop()
-        total += times.get(pid, 0)
+        out.append(pid)
         todo.extend(children.get(pid, ()))
-    return total / _TICKS
-
+    return out
 
 # Linux's prctl option that makes a process the parent of its orphaned descendants (<linux/prctl.h>).
 PR_SET_CHILD_SUBREAPER = 36
@@ -173,7 +184,7 @@ def reap_descendants(timeout_s: float = 5.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for pid in _descendants(os.getpid()):
+        for pid in _below(os.getpid(), _process_table()[0]):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         try:
@@ -182,23 +193,3 @@ def reap_descendants(timeout_s: float = 5.0) -> None:
             return
         if pid == 0:
             time.sleep(0.01)
-
-
-def _descendants(root: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            try:
-                raw = (entry / "stat").read_bytes()
-                parents[int(entry.name)] = int(raw[raw.rindex(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    out, todo = [], list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
