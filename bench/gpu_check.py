@@ -410,7 +410,7 @@ def run_grading(check: Check, labs: tuple[str, ...], students: tuple[str, ...]) 
                 "score": record.score, "autograded_max": done.autograded_max.get(lab), "outcome": record.outcome,
                 "seconds": round(record.wall_s, 1), "flagged": record.flagged,
                 "cells": {c.grade_id: {"score": c.score, "max": c.max_score, "verdict": c.verdict,
-                                       "speedup": c.speedup} for c in record.cells if not c.needs_manual_grade}}
+                                       "code": c.code, "speedup": c.speedup} for c in record.cells if not c.needs_manual_grade}}
         executed = done.course / "autograded" / "reference" / lab / f"{lab}.ipynb"
         grading["labs"][lab] = {"seconds": round(time.perf_counter() - t0, 1), "students": rows,
                                 "calibration_seconds": round(done.calibration_seconds, 1),

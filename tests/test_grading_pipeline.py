@@ -183,7 +183,10 @@ def test_export_documents_cells_with_verdicts(graded):
     cell = {(r["student"], r["cell"]): r for r in rows}
     good = cell[("sol", "test_speedup")]
     assert good["verdict"] == "pass" and float(good["speedup"]) > 1.5 and good["hardware_class"]
+    assert good["code"] == "clears_bar", good  # the verifier's named reason travels with its verdict
     assert cell[("claim", "test_speedup")]["verdict"] == "fail"
+    assert cell[("claim", "test_speedup")]["code"] not in ("", "clears_bar"), cell[("claim", "test_speedup")]
+    assert cell[("notjson", "test_mean")]["code"] == ""
     assert cell[("claim", "test_speedup")]["flagged"] == "1"
     assert "not valid JSON" in cell[("notjson", "test_mean")]["error"]
     students = _grades(course)["students"]

@@ -10,6 +10,8 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
     max_score       points the cell is worth
     verdict         pass | fail | inconclusive from the cell's re-measurement of a claimed
                     speedup (perflab's verification record); empty for cells that time nothing
+    code            the verifier's named reason for that verdict (clears_bar, below_bar, no_change,
+                    loss_mismatch, ...; `perflab.verify`'s codes); empty where it gave none
     speedup         the re-measured speedup (x), empty if none
     hardware_class  the class of the machine that graded (perflab.env.MachineInfo.hardware_class)
     flagged         1 if the submission is flagged for review (tampering, a typed-in claim,
@@ -41,7 +43,7 @@ from typing import Any
 from perflab.grading import collect
 from perflab.grading.state import Record, State
 
-COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "speedup", "hardware_class",
+COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "code", "speedup", "hardware_class",
            "flagged", "error", "isolation", "uncalibrated")
 
 
@@ -70,7 +72,7 @@ def rows(records: Iterable[Record], manual: dict[tuple[str, str, str], float] | 
         for cell in rec.cells:
             score = manual.get((rec.lab, rec.student, cell.grade_id), cell.score)
             out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id, "score": score,
-                        "max_score": cell.max_score, "verdict": cell.verdict, "speedup": cell.speedup,
+                        "max_score": cell.max_score, "verdict": cell.verdict, "code": cell.code, "speedup": cell.speedup,
                         "hardware_class": cell.hardware_class, "flagged": int(rec.flagged),
                         "error": cell.error, "isolation": rec.isolation,
                         "uncalibrated": " ".join(rec.uncalibrated)})
