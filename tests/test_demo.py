@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import warnings
 
 import labs_helpers
 import pytest
@@ -47,12 +46,8 @@ def test_reference_gets_every_autograded_mark(demo):
     rows = [r for r in _grades(demo)["rows"] if r["student"] == "reference"]
     auto = [r for r in rows if r["score"] not in ("", None)]
     assert len(auto) >= 10
-    short = {r["cell"]: (r["score"], r["max_score"], r["code"], r["error"]) for r in auto
-             if float(r["score"]) != float(r["max_score"])}
-    timed = {cell: why for cell, why in short.items() if why[2] in labs_helpers.TIMED_CODES}
-    assert {cell: why for cell, why in short.items() if cell not in timed} == {}, short
-    if timed:
-        warnings.warn(f"the reference lost on this host's timing: {timed}", stacklevel=1)
+    short = {r["cell"]: r for r in auto if float(r["score"]) != float(r["max_score"])}
+    labs_helpers.only_timed_shortfalls(short, lambda r: r["code"], "lab 1's reference")
     sub = next(s for s in _grades(demo)["submissions"] if s["student"] == "reference")
     # Nothing suspect. An inconclusive re-measurement is flagged for a person by design (the instructor's
     # policy scores it): at tiny sizes on a shared 2-core host the reference's fixed mystery pipeline once
