@@ -10,7 +10,7 @@
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
    `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
 3. For each id: its bugs' doses and drawn amounts, what the grader measures each bug that costs time to
-   save (`measured_savings`, its fresh child), and the most of the diagnosis a truth reader earns there:
+   save (`measured_savings`, in a process forked from its measuring server), and the most of the diagnosis a truth reader earns there:
    one that types the planted lines and types with one constant saving (the best constant of 0 to 0.6)
    or with the catalogue's typical cost of each dose, judged against the better of the grader's two
    measurements. Typed, such savings earn the locations only (no measurement of the notebook's run is

@@ -383,36 +383,67 @@ def test_the_labs_saving_logs_the_lines_its_copy_changes_for_the_probe(tiny_data
     assert judges.measured_in_run(round(saved, 3), bug, others, observed, lab01_mystery.text_digest(case.source))
 
 
-def test_the_grader_measures_savings_in_a_child_process_and_a_failed_measurement_costs_the_student_nothing(
-        monkeypatch) -> None:
-    """The savings are measured in a fresh process (torch's thread count is one per process, and the grader
-    grades notebooks on threads); when that process fails, a finding is judged on line and type, and the
-    mark says the savings were not checked."""
-    import subprocess
+def test_the_grader_measures_savings_in_a_process_of_its_own_and_a_failed_measurement_costs_the_student_nothing(
+        monkeypatch, capfd) -> None:
+    """The savings are measured in processes forked from one measuring server (torch's thread count is one
+    per process, and the grader grades notebooks on threads): the server is started once and serves every
+    measurement after, and nothing of it reaches this process's output (in a notebook's kernel that is the
+    test cell's stderr). When a measurement fails, a finding is judged on line and type, the mark says the
+    savings were not checked, and the next measurement starts a new server."""
+    import os
+    import threading
+    import time
 
-    calls: list[list[str]] = []
-    real_run = subprocess.run
+    import psutil
 
-    def spy(cmd: list[str], **kwargs: Any) -> Any:
-        calls.append(cmd)
-        return real_run(cmd, **kwargs)
+    from perflab.labs.hidden import savings_server
 
+    judging.warm_up(LAB)  # what a grading run does before its first notebook
+    judging.warm_up("lab00_fixture")  # a lab whose judges need nothing started: nothing happens
+    server = savings_server._Server.process
+    assert server is not None and server.pid != os.getpid()
     judges.measured_savings.cache_clear()
-    monkeypatch.setattr(subprocess, "run", spy)
     savings = judges.measured_savings("dave", "tiny")
-    assert calls and "measure_savings_here" in calls[0][2] and calls[0][3:] == ["dave", "tiny"]
     # The bugs that cost step time (dave's batch_history only holds memory: it earns no share, so it is not timed).
     assert set(savings) == {p.key for p in truths.truth("dave", "tiny").planted if p.key != "batch_history"}
-
-    def broken(cmd: list[str], **kwargs: Any) -> Any:
-        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nMemoryError: out of memory\n")
+    assert all(0.0 <= value < 1.0 for value in savings.values()), savings
+    assert judges.measured_savings("dave", "tiny", 1).keys() == savings.keys()
+    assert savings_server._Server.process is server and server.poll() is None  # one server for both
+    assert capfd.readouterr() == ("", "")
 
     judges.measured_savings.cache_clear()
     monkeypatch.setattr(judges, "GATE_ON_SAVINGS", True)
-    monkeypatch.setattr(subprocess, "run", broken)
+    monkeypatch.setattr(judges, "SAVING_TIMEOUT_S", 0.01)
     right = [_finding(p.lines[-1], p.kind, p.function, 0.5) for p in truths.truth("dave").planted]
     mark = _mark("mystery_diagnosis", {"DIAGNOSIS": right}, "dave")
-    assert mark.fraction == 1.0 and "savings not checked" in mark.message and "MemoryError" in mark.message
+    assert mark.fraction == 1.0 and "savings not checked" in mark.message and "ran past" in mark.message
+    assert server.poll() is not None and savings_server._Server.process is None  # stopped with its measurement
+
+    monkeypatch.setattr(judges, "SAVING_TIMEOUT_S", 180.0)
+    judges.measured_savings.cache_clear()
+    assert judges.measured_savings("dave", "tiny").keys() == savings.keys()  # a new server
+    server = savings_server._Server.process
+
+    def kill_the_measurement() -> None:  # the measuring process dies (out of memory, say) mid-measurement
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for child in psutil.Process(server.pid).children():
+                child.kill()
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_measurement)
+    killer.start()
+    judges.measured_savings.cache_clear()
+    with pytest.raises(savings_server.SavingsUnmeasured, match="killed by signal SIGKILL without a result"):
+        judges.measured_savings("dave", "tiny")
+    killer.join()
+    assert savings_server._Server.process is server and server.poll() is None  # the server serves on
+    server.kill()  # and if the server itself dies between two measurements, the next one starts another
+    server.wait()
+    judges.measured_savings.cache_clear()
+    assert judges.measured_savings("dave", "tiny").keys() == savings.keys()
+    assert savings_server._Server.process is not server
     judges.measured_savings.cache_clear()
 
 

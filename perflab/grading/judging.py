@@ -149,6 +149,15 @@ def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, J
     return None
 
 
+def warm_up(lab: str) -> None:
+    """Start what `lab`'s judges will need before its first notebook runs (its hidden module's
+    `warm_up`, where it has one: lab 1's measuring server imports torch while the notebook runs)."""
+    module = hidden_module(lab)
+    start = getattr(module, "warm_up", None) if module is not None else None
+    if callable(start):
+        start()
+
+
 def judge_cell(grade_id: str, judge: Judge, ctx: Context) -> Mark:
     """One cell's mark from its observation; never raises."""
     entry = ctx.observations.get(grade_id)

@@ -238,6 +238,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         settings = dataclasses.replace(settings, expectations=calibration.folders)
         with reading(settings.expectations):
             uncalibrated = check_calibration(infos, settings, backend)
+        for lab in infos:  # after the calibration's timing, before the first notebook
+            judging.warm_up(lab)
         graded, failed, machine = [], [], []
 
         def on_result(job: Job, result: SubmissionResult) -> None:

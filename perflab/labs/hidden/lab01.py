@@ -496,3 +496,5 @@ JUDGES = {
     "bottleneck_here": judge_bottleneck_here,
     **mystery.JUDGES,
 }
+# Started before the first notebook runs (`judging.warm_up`): the diagnosis judge's measuring server.
+warm_up = mystery.warm_up

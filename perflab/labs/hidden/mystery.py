@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from perflab import mystery
 from perflab.grading.judging import Context, Mark, Suspicious
 from perflab.grading.probing import decode_float
 from perflab.labs import lab01_mystery
-from perflab.labs.hidden import mystery_truth
+from perflab.labs.hidden import mystery_truth, savings_server
 from perflab.labs.hidden.mystery_truth import BY_KEY, Planted, Truth
+from perflab.labs.hidden.savings_server import SavingsUnmeasured
 from perflab.labs.lab01_mystery import (
     BACKWARD_NODE,
     PHASES,
@@ -60,12 +62,12 @@ SAVING_SLACK_ABOVE = 0.10
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
 # Whether a finding's type counts only with a measured, agreeing saving. Measured in the grader's own
 # process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
-# 2.7 to 8 of 8 in three demo runs), so the grader measures in a fresh child process (`measured_savings`),
+# 2.7 to 8 of 8 in three demo runs), so the grader measures in a process of its own (`measured_savings`),
 # under the run's timing lock (the notebook's side holds none: CPU time on one thread is what keeps a
 # neighbour out of it), and a finding that disagrees is measured a second time
 # before it loses its count (`judge_diagnosis`).
 GATE_ON_SAVINGS = True
-# How long the grader's measuring child may take (tiny mode: about 8 s here).
+# How long one measuring process may take (tiny mode: about 4 s here, once the server has imported torch).
 SAVING_TIMEOUT_S = 180.0
 # The fixed copy must be a measured gain over the planted pipeline: the CI's lower bound above this.
 # Every pipeline holds at least one bug planted at a full dose, which costs 1.3-1.8x the clean step on
@@ -95,45 +97,18 @@ def truth(ctx: Context) -> Truth:
 @functools.lru_cache(maxsize=64)
 def measured_savings(student: str, mode: str | None, attempt: int = 0) -> dict[str, float]:
     """What fixing each planted bug alone saves of `student`'s planted pipeline's step time, measured in
-    a fresh child process (as the verifier's): the grader's own process grades several notebooks on
+    a process of its own (`savings_server`): the grader's own process grades several notebooks on
     threads, and torch's thread count is one per process, so a measurement taken there read 0.00 for bugs
-    that cost 0.2-0.3 of a step while another notebook was graded beside it. The child times under the
-    run's timing lock (`lab01_mystery.savings` takes it), one timed measurement at a time across the
-    run's jobs. `attempt` numbers independent measurements (each is cached apart)."""
-    import json
-    import subprocess
-    import sys
+    that cost 0.2-0.3 of a step while another notebook was graded beside it. It times under the run's
+    timing lock (`lab01_mystery.savings` takes it), one timed measurement at a time across the run's
+    jobs. `attempt` numbers independent measurements (each is cached apart)."""
+    from perflab.grading.timelock import TIMING_LOCK_ENV
 
-    program = ("import json, sys\nfrom perflab.labs.hidden.mystery import measure_savings_here\n"
-               "print(json.dumps(measure_savings_here(sys.argv[1], sys.argv[2] or None)))")
-    try:
-        done = subprocess.run([sys.executable, "-c", program, student, mode or ""], capture_output=True,
-                              text=True, timeout=SAVING_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise SavingsUnmeasured(f"the measurement ran past {SAVING_TIMEOUT_S:.0f} s") from exc
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SavingsUnmeasured(f"the measuring process exited with {done.returncode}: {tail}")
-    return {key: float(value) for key, value in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    return savings_server.measure(student, mode, os.environ.get(TIMING_LOCK_ENV, ""), SAVING_TIMEOUT_S)
 
 
-class SavingsUnmeasured(RuntimeError):
-    """The grader could not measure a pipeline's savings (the finding is then judged on line and type)."""
-
-
-def measure_savings_here(student: str, mode: str | None) -> dict[str, float]:
-    """`measured_savings` in this process, by the lab's own helper (`lab01_mystery.savings`, the
-    protocol the student measures with): the planted pipeline beside one copy per bug that costs step
-    time without it (a memory-only bug earns no share of the diagnosis, so it is not timed)."""
-    import tempfile
-    from pathlib import Path
-
-    case = mystery_truth.truth(student, mode)
-    keys = [p.key for p in case.planted if BY_KEY[p.key].costs_time]
-    with tempfile.TemporaryDirectory(prefix="perflab-savings-") as tmp:
-        planted = case.write(Path(tmp) / "planted.py")
-        copies = [mystery_truth.without(student, mode, key).write(Path(tmp) / f"without_{key}.py") for key in keys]
-        return {key: max(0.0, saved) for key, saved in zip(keys, lab01_mystery.savings(planted, copies), strict=True)}
+# Started before the first notebook runs (`judging.warm_up`): the server imports torch meanwhile.
+warm_up = savings_server.warm_up
 
 
 def saving_agrees(measured: float, truth: float) -> bool:
