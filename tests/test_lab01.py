@@ -128,6 +128,64 @@ def test_the_grader_measures_the_machine_once_per_grading_run(monkeypatch) -> No
     assert len(calls) == 3
 
 
+def test_the_machine_is_measured_again_once_quiet_where_other_work_shared_its_cores(caplog) -> None:
+    """Every student's verdict is judged against one measurement of the machine: one that another program
+    shared the cores of is taken again once the machine is quiet. Here the other program is a real one,
+    outside the grader's own processes, busy on a core until the first measurement ends."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    program = ("import os, time\nif os.fork():\n    os._exit(0)\nprint(os.getpid(), flush=True)\n"
+               "end = time.time() + 60\nwhile time.time() < end:\n    pass\n")
+    starter = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    busy = int(starter.stdout.readline())  # an orphan: not the grader's child, so its load is other work
+    starter.wait()
+    calls: list[int] = []
+
+    def measure() -> int:
+        calls.append(len(calls))
+        time.sleep(0.6)
+        if len(calls) == 1:
+            os.kill(busy, signal.SIGKILL)
+        return len(calls)
+
+    try:
+        with caplog.at_level("WARNING"):
+            assert hidden01.measured_when_quiet(measure) == 2
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(busy, signal.SIGKILL)
+    assert "busy with other work while lab 1's grader measured it" in caplog.text
+
+
+def test_a_grading_run_measures_the_machine_before_its_first_notebook_and_survives_a_failure(monkeypatch,
+                                                                                          caplog) -> None:
+    """`judging.warm_up`, which a grading run calls before its first notebook: lab 1's machine measurement
+    is taken then (into the run's memo the judges read), and where preparing fails the run goes on (the
+    judges meet the fault per cell, and say so there)."""
+    from perflab.labs.hidden import mystery
+    from perflab.verify import protocol
+
+    monkeypatch.setattr(protocol, "once_per_run", getattr(protocol.once_per_run, "__wrapped__", protocol.once_per_run))
+    calls = []
+    monkeypatch.setattr(hidden01, "grader_measurement", lambda config, steps=3: calls.append(config) or {"n": 1})
+    monkeypatch.setattr(mystery, "warm_up", lambda: calls.append("server"))
+    with protocol.shared_measurements():
+        judging.warm_up(lab01.LAB, "tiny")
+        assert hidden01.machine_measurement("tiny") == {"n": 1}
+    assert [c if c == "server" else c.image_size for c in calls] == [lab01.lab_config("tiny").image_size, "server"]
+
+    def broken(config, steps=3):
+        raise RuntimeError("CUDA error: no kernel image is available")
+
+    monkeypatch.setattr(hidden01, "grader_measurement", broken)
+    with caplog.at_level("WARNING"):
+        judging.warm_up(lab01.LAB, "tiny")
+    assert "preparing its judges failed (RuntimeError: CUDA error" in caplog.text
+
+
 def test_bottleneck_reference_accepts_both_answers_near_a_threshold() -> None:
     layers = [{"flops": 1e9, "bytes": 1e7}]
     near = {"data": lab01.DATA_SHARE + 0.01, "forward": 1 - lab01.DATA_SHARE - 0.01}

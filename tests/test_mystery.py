@@ -398,7 +398,7 @@ def test_the_grader_measures_savings_in_a_process_of_its_own_and_a_failed_measur
 
     from perflab.labs.hidden import savings_server
 
-    judging.warm_up(LAB)  # what a grading run does before its first notebook
+    judging.warm_up(LAB, "tiny")  # what a grading run does before its first notebook
     judging.warm_up("lab00_fixture")  # a lab whose judges need nothing started: nothing happens
     server = savings_server._Server.process
     assert server is not None and server.pid != os.getpid()

@@ -149,13 +149,18 @@ def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, J
     return None
 
 
-def warm_up(lab: str) -> None:
-    """Start what `lab`'s judges will need before its first notebook runs (its hidden module's
-    `warm_up`, where it has one: lab 1's measuring server imports torch while the notebook runs)."""
+def warm_up(lab: str, mode: str = "grade") -> None:
+    """Do what `lab`'s judges will need before its first notebook runs, graded in `mode` (its hidden
+    module's `warm_up(mode)`, where it has one: lab 1 measures the machine while no notebook runs beside
+    it, and starts the server its diagnosis judge measures in)."""
     module = hidden_module(lab)
     start = getattr(module, "warm_up", None) if module is not None else None
     if callable(start):
-        start()
+        try:
+            start(mode)
+        except Exception as exc:  # noqa: BLE001 (the judges meet the same fault per cell, and say so there)
+            log.warning("%s: preparing its judges failed (%s: %s); each judge tries again when it grades",
+                        lab, type(exc).__name__, exc)
 
 
 def judge_cell(grade_id: str, judge: Judge, ctx: Context) -> Mark:

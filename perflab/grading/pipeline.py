@@ -238,8 +238,6 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         settings = dataclasses.replace(settings, expectations=calibration.folders)
         with reading(settings.expectations):
             uncalibrated = check_calibration(infos, settings, backend)
-        for lab in infos:  # after the calibration's timing, before the first notebook
-            judging.warm_up(lab)
         graded, failed, machine = [], [], []
 
         def on_result(job: Job, result: SubmissionResult) -> None:
@@ -279,6 +277,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 from perflab.verify.protocol import shared_measurements
 
                 with shared_measurements():  # students who decided the same configuration share its re-measurement
+                    for lab in sorted({job.lab for job in wave}):  # while no notebook runs beside it
+                        judging.warm_up(lab, judging.grading_mode(settings.env))
                     _run_local(wave, infos, templates, settings, hide, on_result)
             else:
                 from perflab.grading import ray_backend
