@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,15 +166,23 @@ def at_home(tmp_path_factory, tiny_data):
     return run
 
 
+def _verdict_code(cell: nbformat.NotebookNode) -> str | None:
+    """The code of the last verdict a cell printed (`Verdict.describe`: "FAIL (below_bar): ..."), if any."""
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stdout")
+    codes = re.findall(r"^(?:PASS|FAIL|INCONCLUSIVE) \((\w+)\):", text, re.MULTILINE)
+    return codes[-1] if codes else None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
 def test_a_released_notebook_runs_top_to_bottom_with_its_own_test_cells(lab: str, at_home) -> None:
     """As a student runs it before submitting: its own (released) visible test cells call the moved names;
-    every cell runs, and no test cell writes to stderr."""
+    every cell runs, and no test cell writes to stderr. A verification cell whose re-measurement this host's
+    timing decided (the verdict it printed names a code in `H.TIMED_CODES`) is reported, not failed."""
     nb, _ = at_home(lab)
-    errors = [f"{H.nbgrader_meta(c).get('grade_id')}: {o.get('ename')}: {o.get('evalue', '')[:300]}"
-              for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors, errors
+    errors = {f"{H.nbgrader_meta(c).get('grade_id')}: {o.get('ename')}: {o.get('evalue', '')[:300]}": _verdict_code(c)
+              for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"}
+    H.only_timed_shortfalls(errors, lambda code: code, f"{lab} run at home")
     noisy = [f"{H.nbgrader_meta(c).get('grade_id')}: "
              + "".join(o.get("text", "") for o in c.get("outputs", []) if o.get("name") == "stderr")[:300]
              for c in nb.cells if H.nbgrader_meta(c).get("grade") and not H.nbgrader_meta(c).get("solution")
