@@ -137,6 +137,8 @@ def test_the_machine_is_measured_again_once_quiet_where_other_work_shared_its_co
     import subprocess
     import sys
 
+    from perflab.verify import machine_load
+
     program = ("import os, time\nif os.fork():\n    os._exit(0)\nprint(os.getpid(), flush=True)\n"
                "end = time.time() + 60\nwhile time.time() < end:\n    pass\n")
     starter = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
@@ -153,11 +155,11 @@ def test_the_machine_is_measured_again_once_quiet_where_other_work_shared_its_co
 
     try:
         with caplog.at_level("WARNING"):
-            assert hidden01.measured_when_quiet(measure) == 2
+            assert machine_load.measured_when_quiet(measure, "lab 1's grader measured the machine") == 2
     finally:
         with __import__("contextlib").suppress(ProcessLookupError):
             os.kill(busy, signal.SIGKILL)
-    assert "busy with other work while lab 1's grader measured it" in caplog.text
+    assert "busy with other work while lab 1's grader measured the machine" in caplog.text
 
 
 def test_a_grading_run_measures_the_machine_before_its_first_notebook_and_survives_a_failure(monkeypatch,

@@ -25,10 +25,16 @@ user and system time, with its reaped children's (/proc/PID/stat).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Cores the rest of the machine may keep busy on average before a measurement counts as disturbed. A
 # second process at full speed reads 1.0; an idle 2-core host reads under 0.05 (daemons, the shell).
@@ -37,6 +43,9 @@ BUSY_CORES = 0.5
 QUIET_WAIT_S = 30.0
 # One window of `wait_for_quiet`.
 QUIET_WINDOW_S = 1.0
+# The shortest measurement `measured_when_quiet` reads the load over: a shorter span holds too few of the
+# kernel's 10 ms CPU-time ticks to tell other work from rounding.
+LOAD_READ_MIN_S = 0.25
 
 PROC = Path("/proc")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -95,6 +104,26 @@ def wait_for_quiet(limit_s: float = QUIET_WAIT_S, window_s: float = QUIET_WINDOW
         cores = foreign_cores(start, sample())
         if not disturbed(cores, needed) or time.monotonic() >= deadline:
             return cores
+
+
+def measured_when_quiet(measure: Callable[[], T], what: str) -> T:
+    """`measure()` in this process, taken again once the machine is quiet where other work kept more than
+    BUSY_CORES busy meanwhile: for a measurement that runs on every core this process may use (torch's
+    default), so any other work shares them; this process's own children are not other work."""
+    cpus = _allowed_cpus()
+    cores = len(cpus) if cpus else os.cpu_count() or 1
+    start = sample()
+    value = measure()
+    end = sample()
+    if start is None or end is None or end.wall - start.wall < LOAD_READ_MIN_S:
+        return value
+    busy = foreign_cores(start, end)
+    if not disturbed(busy, cores):
+        return value
+    log.warning("the machine was busy with other work while %s (%.2f CPU cores on average); measuring again "
+                "once it is quiet", what, busy)
+    wait_for_quiet(needed=cores)
+    return measure()
 
 
 def _allowed_cpus() -> set[int] | None:

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import logging
 import math
-import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,9 +36,6 @@ from perflab.labs.lab01_checks import (
     VISIBLE_TIMER,
 )
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
 # Relative tolerance on activation bytes: storages saved for backward can be counted with or
 # without the input batch's own storage pinned by a view; 2% covers that, a wrong method misses by far more.
 ACTIVATION_TOLERANCE = 0.02
@@ -48,9 +43,6 @@ ACTIVATION_TOLERANCE = 0.02
 # answers apart from one run (step-time shares move by a few points between runs), so both count.
 SHARE_MARGIN = 0.05
 MEMORY_SHARE_MARGIN = 0.10
-# The machine's load is read over the grader's own measurement of it, where that lasts this long (a
-# shorter span holds too few of the kernel's 10 ms CPU-time ticks to tell other work from rounding).
-LOAD_READ_MIN_SECONDS = 0.25
 
 
 def check(grade_id: str, namespace: Mapping[str, Any], seed: int = 0) -> None:
@@ -467,34 +459,15 @@ def machine_measurement(mode: str) -> dict[str, Any]:
     grading run (`perflab.verify.protocol.once_per_run`): the machine does not change between the
     submissions of one run, and every student's verdict is judged against the same measurement of it."""
     from perflab.grading.timelock import timed_section
+    from perflab.verify import machine_load
     from perflab.verify.protocol import once_per_run
 
     def measure() -> dict[str, Any]:
         with timed_section():
-            return measured_when_quiet(lambda: grader_measurement(lab01.lab_config(mode)))
+            return machine_load.measured_when_quiet(lambda: grader_measurement(lab01.lab_config(mode)),
+                                                    "lab 1's grader measured the machine")
 
     return once_per_run(f"lab01_measure:machine:{mode}", measure)
-
-
-def measured_when_quiet(measure: Callable[[], T]) -> T:
-    """`measure()`, taken again once the machine is quiet where other work kept more than
-    `machine_load.BUSY_CORES` of a core busy meanwhile (the measurement runs torch on every core this
-    process may use, so any other work shares them; its own children are not other work)."""
-    from perflab.verify import machine_load
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    start = machine_load.sample()
-    value = measure()
-    end = machine_load.sample()
-    if start is None or end is None or end.wall - start.wall < LOAD_READ_MIN_SECONDS:
-        return value
-    busy = machine_load.foreign_cores(start, end)
-    if not machine_load.disturbed(busy, cores):
-        return value
-    log.warning("the machine was busy with other work while lab 1's grader measured it (%.2f CPU cores on "
-                "average); measuring again once it is quiet", busy)
-    machine_load.wait_for_quiet(needed=cores)
-    return measure()
 
 
 def warm_up(mode: str) -> None:
