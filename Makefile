@@ -13,14 +13,14 @@ export PYTHONUNBUFFERED := 1
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[labs,dev,ray]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[labs,dev,ray]'
 	$(PYTHON) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $@
 
-setup: $(STAMP) data  ## make .venv, install perflab editable with its extras, build the tiny, small and photo data sets
+setup: $(STAMP) data  ## make .venv, install perflab editable with its extras at the versions in constraints.txt, build the tiny, small and photo data sets
 
 data: $(STAMP)  ## build the tiny, small and photo synthetic data sets (seeded, verified against the manifest)
 	$(BIN)/perflab dataset build --size tiny

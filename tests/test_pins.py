@@ -1,83 +1,133 @@
-"""The pins live in pyproject.toml; environment.yml must repeat exactly the same ones."""
+"""Versions in two layers: pyproject.toml declares the ranges the kit works in (a student's own torch in
+range stays installed), constraints.txt locks the exact versions `make setup`, CI and environment.yml
+install. These tests hold the layers together: every requirement is locked inside its range, the
+Makefile and environment.yml install through the lock, and this environment is the locked one."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parents[1]
-PIN = re.compile(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==([^\s#]+)")
+LOCK = "constraints.txt"
+EXTRAS = "labs,dev,ray"  # what `make setup`, CI and environment.yml install
+LOCKED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s;#]+)$")
 
 
-def _requirements(pyproject: str) -> list[str]:
-    """The strings of [project] dependencies and every [project.optional-dependencies] list. Read as
-    text, the one layout pyproject.toml uses (tomllib is Python 3.11+; the kit supports 3.10)."""
-    table, listing, out = "", False, []
+def _requirements(pyproject: str) -> dict[str, list[str]]:
+    """The requirement strings of [project] dependencies ("core") and of each optional-dependencies
+    list, by name. Read as text, the one layout pyproject.toml uses (tomllib is Python 3.11+; the kit
+    supports 3.10)."""
+    table, listing, out = "", "", {}
     for raw in pyproject.splitlines():
         line = raw.split("#", 1)[0].strip()
         if not listing and line.startswith("[") and line.endswith("]"):
             table = line
-        elif not listing and line.endswith("= [") and (
-                table == "[project.optional-dependencies]" or (table == "[project]" and line.startswith("dependencies"))):
-            listing = True
+        elif not listing and line.endswith("= ["):
+            if table == "[project]" and line.startswith("dependencies"):
+                listing = "core"
+            elif table == "[project.optional-dependencies]":
+                listing = line.split("=", 1)[0].strip()
+            if listing:
+                out[listing] = []
         elif listing and line.startswith("]"):
-            listing = False
+            listing = ""
         elif listing and line:
-            out.append(line.rstrip(",").strip('"'))
+            out[listing].append(line.rstrip(",").strip('"'))
     return out
+
+
+def _ranges() -> dict[str, Requirement]:
+    found = _requirements((ROOT / "pyproject.toml").read_text())
+    return {canonicalize_name(req.name): req for lines in found.values() for req in map(Requirement, lines)}
+
+
+def _lock() -> dict[str, str]:
+    """constraints.txt as {name: exact version}; any line that is not `name==version` fails."""
+    pins = {}
+    for number, raw in enumerate((ROOT / LOCK).read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = LOCKED.match(line)
+        assert match, f"{LOCK}:{number}: {line!r} is not `name==version`"
+        name = canonicalize_name(match.group(1))
+        assert name not in pins, f"{LOCK}:{number}: {name} is locked twice"
+        pins[name] = match.group(2)
+    return pins
 
 
 def test_requirements_reader_sees_every_list() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     found = _requirements(text)
-    assert "torch==2.14.1" in found and "nbgrader==0.9.6" in found and "pytest==9.2.0" in found
-    quoted_pins = re.findall(r'^\s*"[^"]+==[^"]+",?\s*$', text, flags=re.M)
-    assert len(found) == len(quoted_pins), "a requirement line was missed"
+    assert set(found) == {"core", "labs", "ray", "dev"}
+    assert sum(map(len, found.values())) == len(re.findall(r'^\s*"[A-Za-z][^"]*[<>=~][^"]*",?\s*$', text, re.M))
+    assert "jsonschema" in {Requirement(r).name for r in found["core"]}
 
 
-def _pyproject_pins() -> dict[str, str]:
-    lines = _requirements((ROOT / "pyproject.toml").read_text())
-    pins = {}
-    for line in lines:
-        match = PIN.match(line)
-        assert match, f"pyproject.toml: {line!r} is not pinned with =="
-        pins[match.group(1).lower()] = match.group(2)
-    return pins
+def test_pyproject_declares_ranges_not_pins() -> None:
+    """A range with a lower and an upper bound for every requirement: `==` would uninstall a student's
+    own torch (Colab's) for one exact build."""
+    for req in _ranges().values():
+        operators = {spec.operator for spec in req.specifier}
+        assert "==" not in operators and "===" not in operators, f"pyproject.toml: {req} pins an exact version"
+        assert operators & {">=", ">", "~="} and operators & {"<", "<=", "~="}, f"pyproject.toml: {req} needs both bounds"
 
 
-def _environment_pins() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "environment.yml").read_text().splitlines():
-        match = PIN.match(line)
-        if match:
-            pins[match.group(1).lower()] = match.group(2)
-    return pins
+def test_every_requirement_is_locked_inside_its_range() -> None:
+    lock = _lock()
+    for name, req in _ranges().items():
+        assert name in lock, f"{LOCK} has no version for {req}"
+        assert req.specifier.contains(lock[name], prereleases=True), f"{LOCK}: {name}=={lock[name]} is outside {req}"
 
 
-def test_environment_yml_repeats_pyproject_pins() -> None:
-    assert _environment_pins() == _pyproject_pins()
+def test_torch_range_admits_what_the_kit_ran_on_and_locks_the_tested_pair() -> None:
+    ranges, lock = _ranges(), _lock()
+    assert (lock["torch"], lock["torchvision"]) == ("2.14.1", "0.29.1")
+    for name, ran_on in (("torch", ("2.11.0", "2.14.1")), ("torchvision", ("0.26.0", "0.29.1"))):
+        assert all(ranges[name].specifier.contains(v) for v in ran_on), ranges[name]
+        assert not ranges[name].specifier.contains("3.0.0" if name == "torch" else "1.0.0"), ranges[name]
+    # the lower bound is a version the kit ran on: every GPU check in docs/gpu-runs/ ran torch 2.11.0
+    assert min(Version(s.version) for s in ranges["torch"].specifier if s.operator == ">=") == Version("2.11")
 
 
-def test_torch_pins_are_the_supported_pair() -> None:
-    pins = _pyproject_pins()
-    assert pins["torch"] == "2.14.1"
-    assert pins["torchvision"] == "0.29.1"
+def test_make_setup_installs_through_the_lock() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    rule = re.search(r"^\$\(STAMP\):(.*)\n((?:\t.*\n)+)", makefile, re.M)
+    assert rule, "Makefile: no $(STAMP) rule"
+    assert {"pyproject.toml", LOCK} <= set(rule.group(1).split()), "the venv must be rebuilt when the lock changes"
+    assert f"pip install -q -c {LOCK} -e '.[{EXTRAS}]'" in rule.group(2)
 
 
-def test_installed_versions_match_pins() -> None:
+def test_environment_yml_installs_the_same_lock_and_no_version_of_its_own() -> None:
+    text = (ROOT / "environment.yml").read_text()
+    pip = re.search(r"^  - pip:\n((?:      - .*\n)+)", text, re.M)
+    assert pip, "environment.yml: no pip section"
+    assert [line.strip()[2:] for line in pip.group(1).splitlines()] == [f"-c {LOCK}", f"-e .[{EXTRAS}]"]
+    body = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in body if "==" in line], "environment.yml pins a version; the lock holds them"
+
+
+def test_installed_versions_match_the_lock() -> None:
+    """This environment is the locked one: every locked distribution installed here has its locked
+    version, and every requirement of pyproject.toml is installed."""
     from importlib.metadata import PackageNotFoundError, version
 
-    pins = _pyproject_pins()
-    wrong = {}
-    for name, pinned in pins.items():
+    required, wrong = set(_ranges()), {}
+    for name, locked in _lock().items():
         try:
             installed = version(name)
         except PackageNotFoundError:
-            wrong[name] = "not installed"
+            if name in required:
+                wrong[name] = "not installed"
             continue
-        if installed.split("+")[0] != pinned:
+        if Version(installed).public != Version(locked).public:
             wrong[name] = installed
-    assert not wrong, f"installed versions differ from the pins (run `make setup`): {wrong}"
+    assert not wrong, f"installed versions differ from {LOCK} (run `make setup`): {wrong}"
 
 
 # A module that blocks every import outside the standard library, perflab and the distributions
@@ -125,22 +175,15 @@ def _with_requirements(names: set[str]) -> set[str]:
 
 
 def test_results_validate_with_only_the_core_dependencies() -> None:
-    """perflab.results validates every results file with jsonschema: it must be a core dependency
-    (pinned like the rest), not something that arrives only with the `labs` extra."""
+    """perflab.results validates every results file with jsonschema: it must be a core dependency,
+    not something that arrives only with the `labs` extra."""
     import json
     import subprocess
     import sys
 
-    core = {line.split("==")[0].lower() for line in _requirements((ROOT / "pyproject.toml").read_text())[:_core_count()]}
+    core = {Requirement(line).name.lower() for line in _requirements((ROOT / "pyproject.toml").read_text())["core"]}
     assert "jsonschema" in core
     run = subprocess.run([sys.executable, "-c", _ONLY_CORE, json.dumps(sorted(_with_requirements(core))),
                           str(ROOT / "tests" / "fixtures" / "results" / "lab01_measure.json")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0 and run.stdout.strip() == "validated", run.stderr[-2000:]
-
-
-def _core_count() -> int:
-    """How many of `_requirements`'s strings are [project] dependencies (they come first)."""
-    text = (ROOT / "pyproject.toml").read_text()
-    block = text.split("dependencies = [", 1)[1].split("]", 1)[0]
-    return len(re.findall(r'^\s*"[^"]+==[^"]+",?', block, flags=re.M))
