@@ -4,10 +4,11 @@ One zip that a student unpacks and installs (`pip install -e .`), holding:
 
     labs/<lab>/<lab>.ipynb    the student copies nbgrader generated (no solutions, no hidden tests)
     perflab/                  the package source (the labs import it; the grader re-measures with it)
-    pyproject.toml, environment.yml
+    pyproject.toml            the dependency ranges (a torch already installed in range stays)
+    constraints.txt, environment.yml   the exact versions the course tested, for pip and conda
     nbgrader_config.py        nbgrader's settings for `nbgrader validate` run from the kit's root
     datasets/                 the synthetic data set's recipe, data card and README (not built data)
-    README.md                 how to open a lab, run its checks, validate and hand it in
+    README.md                 the student guide (docs/students.md): install, Colab, work, hand in
 
 and never solutions/, autograder/ (course folder, gradebook, expectations), tests/, built data,
 results files, caches, or the grader-only `perflab/labs/hidden/` (the hidden checks and the reference
@@ -40,6 +41,7 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("datasets/DATA_CARD.md", None),
     ("datasets/README.md", None),
     ("pyproject.toml", None),
+    ("constraints.txt", None),
     ("nbgrader_config.py", None),
     ("environment.yml", None),
 )
@@ -49,40 +51,8 @@ SKIP_PARTS = frozenset({"__pycache__", ".ipynb_checkpoints", "results", "build",
 # that loads and runs them.
 GRADER_ONLY = ("perflab/labs/hidden", "perflab/grading/judging.py")
 
-STUDENT_README = """\
-# perflab: the student kit
-
-Six labs on profiling and speeding up PyTorch training of ResNet-18. Each lab is one Jupyter
-notebook in `labs/`; the `perflab` package beside it holds the measuring tools and each lab's
-contract (`perflab/labs/labNN.py`: every function you write, what goes in and what comes out).
-
-## Install (once)
-
-    python -m venv .venv && . .venv/bin/activate     # or: conda env create -f environment.yml
-    pip install -e '.[labs]'
-    perflab dataset build --size tiny                # seconds; a lab builds what it needs otherwise
-    perflab dataset build --size small
-    perflab env                                      # what this machine is and can measure
-
-## Work on a lab
-
-    jupyter lab labs/lab01_measure/lab01_measure.ipynb
-
-On Colab: upload this folder (or the zip and unzip it), run `pip install -e '.[labs]'` in a cell,
-restart the runtime and open the notebook. Fill in every `YOUR CODE HERE` and `YOUR ANSWER HERE`,
-then Kernel > Restart & Run All. The visible test cells must pass; hidden tests run when your
-notebook is graded, on random inputs and on the grading machine's own measurements, so a claimed
-speedup is re-measured there: report what you measured, never a typed-in number.
-
-## Before you hand it in
-
-    nbgrader validate labs/lab01_measure/lab01_measure.ipynb      # from this folder (it reads nbgrader_config.py)
-
-then submit the `.ipynb` file (not a copy renamed or re-saved by another tool). Your results
-(`results/<lab>.json`, written by the last cell) feed your optimization report:
-
-    perflab report labs/*/results/*.json -o report.html
-"""
+# The student guide, shipped as the kit's README.md: one text for the repository and the bundle.
+STUDENT_GUIDE = "docs/students.md"
 
 
 def files(repo: Path = REPO) -> Iterator[tuple[Path, str]]:
@@ -134,7 +104,7 @@ def build(out: Path = DEFAULT_OUT, repo: Path = REPO) -> Path:
         info = zipfile.ZipInfo(f"{ROOT_NAME}/README.md", date_time=(2020, 1, 1, 0, 0, 0))
         info.compress_type = zipfile.ZIP_DEFLATED
         info.external_attr = 0o644 << 16
-        zf.writestr(info, STUDENT_README)
+        zf.writestr(info, (repo / STUDENT_GUIDE).read_bytes())
     tmp.replace(out)
     return out
 

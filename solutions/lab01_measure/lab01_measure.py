@@ -9,6 +9,9 @@
 # %% [markdown]
 # # Lab 1 — Measure first
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab01_measure`; Colab's own torch stays.
+#
 # Before you make training faster, find out where its time and memory go. A guess is almost always
 # wrong: the convolution you were sure of may take a tenth of the step while JPEG decoding takes half.
 # In this lab you build the measuring instruments yourself and point each one at the ResNet-18

@@ -9,6 +9,9 @@
 # %% [markdown]
 # # Lab 2 — Feed the model
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab02_feed`; Colab's own torch stays.
+#
 # A training step has to wait for its batch before the model can start. When images are read from
 # disk, decoded from JPEG and augmented in the same process that trains, every millisecond of that
 # work is a millisecond the model stands idle. This lab measures that wait and then removes as much
@@ -621,10 +624,10 @@ else:
 # only the loader knobs `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`
 # (anything else would change the work, not how it is fed). Build it from the variables above
 # (`pick_workers(train_sweep)`, `CHOSEN_PREFETCH`, `DEVICE`), not from numbers typed in. The cell
-# after yours records `BEST` and `WHY_BEST` in its output: save the notebook after running it and the
-# autograder grades that decision (it replays your saved sweep and runs the rest at the smallest
-# budget, so its own run decides nothing); where it grades on another kind of device than yours, it
-# decides again from its own run of your code. A sweep runs each setting one after the other, so a busy moment can flatter
+# after yours records `BEST` and `WHY_BEST` in its output. The autograder runs your code again: it
+# replays your saved sweep (while the functions that measured it are unchanged) and your cell decides from
+# it and from its own comparison, so the `BEST` graded is the one your code makes, never one typed into a
+# record. A sweep runs each setting one after the other, so a busy moment can flatter
 # one of them: keep a change only when an interleaved comparison (`timing.compare`, as in the next
 # cell) says it is faster than the baseline, by the kit's one keep rule for every lab
 # (`common.keep_rule`: the CI of its speedup above 1.0). The grader re-measures your `BEST`; where its own
@@ -668,7 +671,7 @@ print(BEST)
 print("why:", globals().get("WHY_BEST", "(no WHY_BEST written: the re-measured cell would earn half)"))
 
 # %% nbgrader={"grade": false, "grade_id": "best_as_decided", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# Your decision, recorded in this cell's output at home; when graded, the decision your saved run made.
+# Your decision, recorded in this cell's output at home; when graded, the decision your code makes in that run.
 BEST, WHY_BEST = lab02.as_decided(BEST, globals().get("WHY_BEST"), BASELINE, DEVICE, swept=train_sweep)
 
 # %%

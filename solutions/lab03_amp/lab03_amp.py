@@ -9,6 +9,9 @@
 # %% [markdown]
 # # Lab 3 — Mixed precision
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab03_amp`; Colab's own torch stays.
+#
 # Every number in the baseline training step is a 32-bit float: 4 bytes to move, and a multiply the
 # hardware does at its FP32 rate. Most of those numbers do not need 24 bits of mantissa. **Mixed
 # precision** runs the heavy operations (convolutions, matmuls) in a 16-bit format, bf16 or fp16,

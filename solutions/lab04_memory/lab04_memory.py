@@ -9,6 +9,9 @@
 # %% [markdown]
 # # Lab 4 — Trade compute for memory
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab04_memory`; Colab's own torch stays.
+#
 # A training step keeps, until its backward pass, every tensor the forward pass saved for it: the
 # input of each convolution, the output of each ReLU, what each BatchNorm needs. That memory grows
 # with the batch size, and it is usually what stops a batch from fitting on a device. This lab

@@ -9,6 +9,9 @@
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # Lab 5 — Compile
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab05_compile`; Colab's own torch stays.
+#
 # `torch.compile(model)` promises a faster model for one line of code. What it really offers is a
 # trade: you pay **compile time** once, up front, and in exchange each later step may be cheaper.
 # Whether that trade is worth it depends on the model, the hardware, how many steps you will run,
@@ -460,10 +463,10 @@ else:
 # keeps a change by one rule, in this lab as in labs 3 and 6: `common.keep_rule(comparison.ci())` keeps
 # it when the lower end of its CI lies above `common.KEEP_ABOVE` (measurably faster than eager), and its
 # `.why` says so in words. Derive it from the variables, not from a string typed in. The cell
-# after yours records `CHOICE` and `WHY_CHOICE` in its output: save the notebook after running it and
-# the autograder grades that decision (its run of your notebook replays your saved figures and
-# decides nothing of its own); where it grades on another kind of device than yours, the answer may
-# differ, and it decides again from its own run of your code. Beside it,
+# after yours records `CHOICE` and `WHY_CHOICE` in its output. The autograder runs your code again on your
+# saved figures (replayed while the code that measured them is unchanged), so the `CHOICE` graded is the
+# one your code makes from them; where it grades on another kind of device than yours, the answer may
+# differ, and your code decides from its own run's figures. Beside it,
 # set `WHY_CHOICE` to one line of why your measurements support it (which figures, and what they
 # showed): a person reads it, and a decision without one earns half of its re-measured cell.
 #
@@ -487,7 +490,7 @@ print("CHOICE =", repr(CHOICE))
 print("why:", globals().get("WHY_CHOICE", "(no WHY_CHOICE written: the re-measured cell would earn half)"))
 
 # %% nbgrader={"grade": false, "grade_id": "claim", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# Your decision, recorded in this cell's output at home; when graded, the decision your saved run made.
+# Your decision, recorded in this cell's output at home; when graded, the decision your code makes in that run.
 CHOICE, WHY_CHOICE = lab05.as_decided(CHOICE, globals().get("WHY_CHOICE"), DEVICE)
 assert not lab05.choice_problems(CHOICE), lab05.choice_problems(CHOICE)[0]
 CLAIM = GRADED_COMPARISONS[CHOICE].speedup if CHOICE in GRADED_COMPARISONS else 1.0

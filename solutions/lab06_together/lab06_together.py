@@ -9,6 +9,9 @@
 # %% [markdown]
 # # Lab 6 — Put it together
 #
+# **On Colab:** upload `perflab-student.zip` in the Files pane and first run the install cell of the kit's
+# README (*On Colab*), ending in `%cd /content/perflab-student/labs/lab06_together`; Colab's own torch stays.
+#
 # Five labs each changed one thing and measured it against its own baseline. Speedups measured
 # apart do not simply multiply: workers take cores the model's threads used, a smaller dtype moves
 # the bottleneck back to the loader, a compiled graph fuses away what channels_last would have
