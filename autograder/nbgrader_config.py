@@ -1,8 +1,9 @@
 """nbgrader settings for the perflab course folder.
 
-`perflab.grading.nbgrader_api` loads this file for every course folder it makes (and copies it
-there, so the plain `nbgrader` command works inside one too). The course root defaults to
-`autograder/course/`; the API sets it to whichever folder it is given.
+`perflab.grading.nbgrader_api` loads this file for every course folder it makes and copies it
+there, so that plain nbgrader (`nbgrader db student list`, `nbgrader generate_feedback`, ...) and
+formgrader (`jupyter lab` started there) work inside one. A copy roots the course at its own folder
+(one holding `source/`); this file, in autograder/, roots it at the default course `autograder/course/`.
 """
 
 import os
@@ -12,7 +13,7 @@ c = get_config()  # noqa: F821  (traitlets injects get_config into config files)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 c.CourseDirectory.course_id = "perflab"
-c.CourseDirectory.root = os.path.join(HERE, "course")
+c.CourseDirectory.root = HERE if os.path.isdir(os.path.join(HERE, "source")) else os.path.join(HERE, "course")
 # What a lab leaves beside its notebook at run time never travels with a release or a submission,
 # nor does a course lab's judges.py (the grader's checks, beside its source notebook).
 c.CourseDirectory.ignore = [

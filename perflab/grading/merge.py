@@ -111,6 +111,8 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
                 continue
             grade.auto_score = cell.score
             grade.needs_manual_grade = cell.needs_manual_grade
+        order = nbapi._cell_order(course / "source" / job.lab / info.notebook)
+        _flag_in_gradebook(gb, job, nb_name, record, previous, order)
         gb.db.commit()
 
     folder = course / "autograded" / job.student / job.lab
@@ -126,6 +128,35 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
             (folder / "results" / name).write_text(with_grader_verdicts(data, verdicts), encoding="utf-8")
     state.put(record)
     return record
+
+
+# What opens the comment formgrader shows on a flagged submission's first answer cell.
+FLAG_COMMENT_HEADER = "Flagged for review by perflab:"
+
+
+def _flag_in_gradebook(gb: Any, job: Job, notebook: str, record: Record, previous: Record | None,
+                       order: dict[str, int]) -> None:
+    """Show the kit's flag in formgrader: the submitted notebook's own `flagged` (its "Flagged?" column)
+    and the reasons as the automatic comment of the notebook's first answer cell (`order`: grade id ->
+    position in the source notebook), which formgrader shows in that cell's comment box. A flag a person
+    set stays; the kit clears only one it set itself."""
+    from nbgrader.api import MissingEntry
+
+    try:
+        submitted = gb.find_submission_notebook(notebook, job.lab, job.student)
+    except MissingEntry:
+        log.warning("%s/%s: the gradebook has no notebook %s to flag", job.lab, job.student, notebook)
+        return
+    if record.flagged:
+        submitted.flagged = True
+    elif previous is not None and previous.flagged:
+        submitted.flagged = False
+    comments = sorted(submitted.comments, key=lambda c: (order.get(c.name, len(order)), c.name))
+    for comment in comments:
+        if (comment.auto_comment or "").startswith(FLAG_COMMENT_HEADER):
+            comment.auto_comment = None
+    if record.flagged and comments:
+        comments[0].auto_comment = "\n".join([FLAG_COMMENT_HEADER, *(f"- {flag}" for flag in record.flags)])
 
 
 def with_grader_verdicts(text: str, verdicts: list[dict[str, Any]]) -> str:
