@@ -6,7 +6,7 @@
     perflab grade grade [--lab L] [--student S] [--backend local|ray] [--jobs N] [--unisolated]
                         [--no-calibration | --require-calibration]
     perflab grade feedback                  HTML feedback (hidden tests never shown)
-    perflab grade export                    grades.csv and grades.json
+    perflab grade export [--lms canvas|moodle]  grades.csv and grades.json [and a file the LMS imports]
     perflab grade status                    graded, failed, inconclusive, flagged, pending
 """
 
@@ -88,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = verb("export", "write grades.csv and grades.json (per cell, lab, student, with verdicts)")
     v.add_argument("--out", type=Path, default=None, help="folder (default: <course>/export)")
     v.add_argument("--lab", action="append")
+    v.add_argument("--lms", choices=("canvas", "moodle"), default=None,
+                   help="also write one row per student, a column (Canvas) or file (Moodle) per lab, in that "
+                        "LMS's grade import layout, with the LMS ids collect read from its download")
 
     verb("status", "what is graded, failed, inconclusive, flagged or pending")
 
@@ -159,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
 
         csv_path, json_path = export.export(course, args.out, args.lab)
         print(f"{csv_path}\n{json_path}")
+        if args.lms:
+            print("\n".join(export.export_lms(course, args.lms, args.out, args.lab).lines(args.lms)))
     elif args.verb == "status":
         from perflab.grading import export, sandbox
 

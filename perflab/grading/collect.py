@@ -15,6 +15,8 @@ below the folder given), in this order:
    Canvas     `doejane_12345_67890_lab01_measure.ipynb` (`_LATE_` after the name when late) -> `doejane-12345`
    Moodle     `Jane Doe_12345_assignsubmission_file_lab01_measure.ipynb`, or that name as a folder -> `jane.doe-12345`
    Blackboard `Lab 1_jdoe_attempt_2026-01-02-10-00-00_lab01_measure.ipynb` -> `jdoe` (a unique username)
+   The LMS's own id (Canvas user id, Moodle participant id, Blackboard username) is kept in the gradebook
+   (the student's `lms_user_id`), and the display name as their first name: `export --lms` writes them back.
 3. A folder per student: `<student>/<anything>.ipynb` (or `<student>/<lab>/...`).
 4. The file name: `<student>_<...>.ipynb`, the student id before the first underscore
    (`doejane_lab01_measure.ipynb`).
@@ -57,6 +59,7 @@ class Collected:
     lab: str
     name: str
     display: str = ""  # the name the LMS export gives the student, kept beside the id
+    lms_id: str = ""  # the LMS's own id of the student (Canvas user id, Moodle participant id, ...)
 
 
 @dataclass(frozen=True)
@@ -98,17 +101,17 @@ MOODLE = re.compile(r"^(?P<name>[^_/]+)_(?P<uid>\d+)_assignsubmission_[a-z]+_")
 BLACKBOARD = re.compile(r"_(?P<user>[A-Za-z0-9.@-]+)_attempt_\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}")
 
 
-def lms_student(path: PurePosixPath) -> tuple[str, str] | None:
-    """(student id, display name) from an LMS export's file or folder name, or None."""
+def lms_student(path: PurePosixPath) -> tuple[str, str, str] | None:
+    """(student id, display name, the LMS's user id) from an LMS export's file or folder name, or None."""
     for part in (path.name, *path.parts[:-1]):
         if m := CANVAS.match(part):
-            return f"{m.group('login')}-{m.group('uid')}", m.group("login")
+            return f"{m.group('login')}-{m.group('uid')}", m.group("login"), m.group("uid")
         if m := MOODLE.match(part):
             display = m.group("name").strip()
             slug = re.sub(r"[^a-z0-9]+", ".", display.lower()).strip(".") or "student"
-            return f"{slug}-{m.group('uid')}", display
+            return f"{slug}-{m.group('uid')}", display, m.group("uid")
         if m := BLACKBOARD.search(part):
-            return m.group("user"), m.group("user")
+            return m.group("user"), m.group("user"), m.group("user")
     return None
 
 
@@ -178,13 +181,13 @@ def collect(course: Path, source: Path, *, lab: str | None = None, pattern: str 
             path.write_bytes(cand.data)
             nbapi.submit(course, lab_name, student, path, timestamp=cand.when.astimezone(_dt.timezone.utc))
         lms = lms_student(PurePosixPath(cand.name)) if regex is None else None
-        collected.append(Collected(student, lab_name, cand.name, lms[1] if lms else ""))
+        collected.append(Collected(student, lab_name, cand.name, *(lms[1:] if lms else ())))
     _keep_display_names(course, collected)
     return Report(tuple(collected), tuple(unmatched))
 
 
 def _keep_display_names(course: Path, collected: Sequence[Collected]) -> None:
-    """Record each LMS display name in the gradebook (the student's first name field)."""
+    """Record each LMS display name (the student's first name field) and LMS id in the gradebook."""
     named = [c for c in collected if c.display]
     if not named or not (course / "gradebook.db").is_file():
         return
@@ -196,7 +199,7 @@ def _keep_display_names(course: Path, collected: Sequence[Collected]) -> None:
             Gradebook(f"sqlite:///{course / 'gradebook.db'}", nbapi.COURSE_ID) as gb:
         warnings.simplefilter("ignore")
         for c in named:
-            gb.update_or_create_student(c.student, first_name=c.display)
+            gb.update_or_create_student(c.student, first_name=c.display, lms_user_id=c.lms_id or None)
 
 
 def lab_names(folder: Path) -> list[str]:

@@ -26,56 +26,86 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
                     to the conservative rule for, no bar being calibrated on the grading machine
                     (graded with --no-calibration); empty where every bar was calibrated; the same on
                     every row of a submission
+    comment         a comment a person entered on the cell in the gradebook (e.g. in formgrader), else empty
 
 JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
 "submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
 "inconclusive", "isolation", "uncalibrated"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+
+`export_lms` writes the same grades one row per student for an LMS to import (`perflab.grading.lms`).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perflab.grading import collect
+from perflab.grading import collect, lms
 from perflab.grading.state import Record, State
 
 COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "code", "speedup", "hardware_class",
-           "flagged", "error", "isolation", "uncalibrated")
+           "flagged", "error", "isolation", "uncalibrated", "comment")
 
 
-def manual_scores(course: Path) -> dict[tuple[str, str, str], float]:
-    """(lab, student, cell) -> a manual score a person entered in the gradebook."""
+@dataclass
+class Entered:
+    """What people entered in the gradebook (formgrader writes there), keyed (lab, student, cell)."""
+
+    scores: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    comments: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    flagged: set[tuple[str, str]] = field(default_factory=set)  # (lab, student) flagged in the gradebook
+    students: dict[str, lms.Student] = field(default_factory=dict)  # the LMS's name and id, from collect
+
+    def scores_by_submission(self) -> dict[tuple[str, str], dict[str, float]]:
+        """(lab, student) -> {cell: the score a person entered}."""
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        for (lab, student, cell), score in self.scores.items():
+            out.setdefault((lab, student), {})[cell] = score
+        return out
+
+
+def entered(course: Path) -> Entered:
+    """Manual scores and comments, flags and the students' LMS names and ids, read from the gradebook."""
     from nbgrader.api import Gradebook
 
-    out: dict[tuple[str, str, str], float] = {}
+    out = Entered()
     db = Path(course) / "gradebook.db"
     if not db.is_file():
         return out
     with Gradebook(f"sqlite:///{db}", "perflab") as gb:
+        for student in gb.students:
+            out.students[student.id] = lms.Student(student.id, student.first_name or "", student.lms_user_id or "")
         for assignment in gb.assignments:
             for submission in assignment.submissions:
+                key = (assignment.name, submission.student.id)
                 for notebook in submission.notebooks:
+                    if notebook.flagged:
+                        out.flagged.add(key)
                     for grade in notebook.grades:
                         if grade.manual_score is not None:
-                            out[(assignment.name, submission.student.id, grade.name)] = float(grade.manual_score)
+                            out.scores[(*key, grade.name)] = float(grade.manual_score)
+                    for comment in notebook.comments:
+                        if comment.manual_comment:
+                            out.comments[(*key, comment.name)] = comment.manual_comment
     return out
 
 
-def rows(records: Iterable[Record], manual: dict[tuple[str, str, str], float] | None = None) -> list[dict[str, Any]]:
-    manual = manual or {}
+def rows(records: Iterable[Record], people: Entered | None = None) -> list[dict[str, Any]]:
+    people = people or Entered()
     out = []
     for rec in sorted(records, key=lambda r: (r.student, r.lab)):
         for cell in rec.cells:
-            score = manual.get((rec.lab, rec.student, cell.grade_id), cell.score)
-            out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id, "score": score,
+            key = (rec.lab, rec.student, cell.grade_id)
+            out.append({"student": rec.student, "lab": rec.lab, "cell": cell.grade_id,
+                        "score": people.scores.get(key, cell.score),
                         "max_score": cell.max_score, "verdict": cell.verdict, "code": cell.code, "speedup": cell.speedup,
                         "hardware_class": cell.hardware_class, "flagged": int(rec.flagged),
                         "error": cell.error, "isolation": rec.isolation,
-                        "uncalibrated": " ".join(rec.uncalibrated)})
+                        "uncalibrated": " ".join(rec.uncalibrated), "comment": people.comments.get(key, "")})
     return out
 
 
@@ -85,8 +115,7 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
     state = State.load(course)
     records = [r for r in state.records.values()
                if (not labs or r.lab in labs) and (not students or r.student in students)]
-    manual = manual_scores(course)
-    table = rows(records, manual)
+    table = rows(records, entered(course))
     out_dir = Path(out_dir) if out_dir else course / "export"
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / "grades.csv", out_dir / "grades.json"
@@ -110,6 +139,21 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
            "submissions": submissions, "students": students_out}
     json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return csv_path, json_path
+
+
+def export_lms(course: Path, lms_name: str, out_dir: Path | None = None,
+               labs: Collection[str] | None = None) -> lms.Written:
+    """Write the grades for `lms_name` (canvas | moodle) into `out_dir` (default: <course>/export/):
+    one row per student who handed anything in, one column (Canvas) or file (Moodle) per graded lab."""
+    course = Path(course).resolve()
+    records = [r for r in State.load(course).records.values() if not labs or r.lab in labs]
+    people = entered(course)
+    manual = people.scores_by_submission()
+    grades = {(r.student, r.lab): lms.lab_grade(r, manual.get((r.lab, r.student), {}), (r.lab, r.student) in people.flagged)
+              for r in records}
+    students = [people.students.get(s, lms.Student(s)) for s in sorted({r.student for r in records})]
+    return lms.write(lms_name, Path(out_dir) if out_dir else course / "export", students,
+                     sorted({r.lab for r in records}), grades)
 
 
 def status(course: Path) -> dict[str, list[str]]:
