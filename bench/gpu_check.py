@@ -17,7 +17,7 @@ what only describes the machine gets the budget that is left):
              over the second
   loader     the fed loader's ceiling without a model: images a second its workers deliver, as loaded
              and decoding alone (bench/bench_loader.py)
-and writes `gpu_check.json` (schema below and in the README) and a short text table, `gpu_check.txt`.
+and writes `gpu_check.json` (schema below and in docs/instructors.md) and a short text table, `gpu_check.txt`.
 A step that fails or runs out of time is recorded as such; the others still run.
 
 On a CPU (`--device cpu --mode tiny`) it runs the same code at tiny sizes: the test suite does, so it

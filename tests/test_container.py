@@ -1,7 +1,7 @@
 """The grader's container image (autograder/Containerfile), checked as far as a machine without a
 container engine can: every instruction is one an engine knows, every file it copies is in the
 checkout (and not left out of the build context), the command it runs is perflab's, the user it
-makes is the sandbox's, and the README says how to build and run it."""
+makes is the sandbox's, and the instructor guide says how to build and run it."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_it_runs_perflab_as_root_with_the_sandbox_user_made():
     assert "/opt/perflab/autograder/course" in steps["VOLUME"]
 
 
-def test_the_readme_says_how_to_build_and_run_it_and_what_was_not_tested():
-    readme = (ROOT / "README.md").read_text()
+def test_the_instructor_guide_says_how_to_build_and_run_it_and_what_was_not_tested():
+    readme = (ROOT / "docs" / "instructors.md").read_text()
     assert "docker build -f autograder/Containerfile -t perflab-grader ." in readme
     assert "--cap-add SYS_ADMIN" in readme and "/opt/perflab/autograder/course" in readme
     assert "not tested" in readme.lower()

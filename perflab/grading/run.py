@@ -44,7 +44,7 @@ def check_isolation(settings: Settings) -> sandbox.Isolation:
         why = "; ".join(iso.notes) or "no Linux namespaces here"
         raise Unisolated(f"refusing to run student code without Linux namespaces ({why}): it would run as you, "
                          "with the network and your files; grade in the container (autograder/Containerfile, see "
-                         "README) or pass --unisolated to grade anyway (recorded in the grades)")
+                         "docs/instructors.md) or pass --unisolated to grade anyway (recorded in the grades)")
     return iso
 
 
