@@ -20,8 +20,7 @@ LOCKED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s;#]+)$")
 
 def _requirements(pyproject: str) -> dict[str, list[str]]:
     """The requirement strings of [project] dependencies ("core") and of each optional-dependencies
-    list, by name. Read as text, the one layout pyproject.toml uses (tomllib is Python 3.11+; the kit
-    supports 3.10)."""
+    list, by name. Read as text, the one layout pyproject.toml uses."""
     table, listing, out = "", "", {}
     for raw in pyproject.splitlines():
         line = raw.split("#", 1)[0].strip()
@@ -67,6 +66,27 @@ def test_requirements_reader_sees_every_list() -> None:
     assert set(found) == {"core", "labs", "ray", "dev"}
     assert sum(map(len, found.values())) == len(re.findall(r'^\s*"[A-Za-z][^"]*[<>=~][^"]*",?\s*$', text, re.M))
     assert "jsonschema" in {Requirement(r).name for r in found["core"]}
+
+
+def test_requires_python_is_what_the_locked_versions_need() -> None:
+    """The kit's Python floor is no lower than any locked distribution's own, so pip says "requires a
+    different Python" instead of failing to resolve."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    floor = re.search(r'^requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert floor, "pyproject.toml: no requires-python"
+    lowest = min(Version(s.version) for s in SpecifierSet(floor.group(1)) if s.operator == ">=")
+    too_new = {}
+    for name in _ranges():
+        try:
+            needs = metadata(name).get("Requires-Python")
+        except PackageNotFoundError:
+            continue
+        if needs and not SpecifierSet(needs).contains(str(lowest)):
+            too_new[name] = needs
+    assert not too_new, f"requires-python {floor.group(1)} is below what these need: {too_new}"
 
 
 def test_pyproject_declares_ranges_not_pins() -> None:
