@@ -75,7 +75,8 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
             verdict=verdict.get("verdict"), speedup=_float(verdict.get("speedup")),
             claimed=_float(verdict.get("claimed")),
             hardware_class=verdict.get("hardware_class") or result.hardware_class or hardware_class,
-            code=verdict.get("code") if isinstance(verdict.get("code"), str) else None))
+            code=verdict.get("code") if isinstance(verdict.get("code"), str) else None,
+            decision=dict(row.decision) if row.decision is not None else None))
     flags = [f"{f.cell}: {f.message}" for f in result.findings if f.flag]
     flags += [f"{row.grade_id}: {row.flag}" for row in result.cells if row.flag]
     flags += [f"{c.grade_id}: verification inconclusive" for c in cells if c.verdict == "inconclusive"]

@@ -80,7 +80,6 @@ from perflab.grading.workfolders import (
     sandbox_base,
     work_folder,
 )
-from perflab.labs import lab06, lab06_report
 from perflab.verify.expectations import reading
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
@@ -291,18 +290,18 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                    settings.device or "", calibration=calibration.line())
 
 
-# The labs that start from a student's earlier labs, and which: lab 6 takes over the decisions of labs 2, 3
-# and 5 from their results files (`lab06_report.earlier_decisions`).
-STARTS_FROM: dict[str, tuple[str, ...]] = {lab06.LAB: tuple(sorted((*lab06_report.DECISION_LABS, "lab04_memory")))}
-# A graded results file larger than this is not handed on (an honest lab's is a few tens of kB).
-EARLIER_RESULTS_CAP_BYTES = 4 * 1024 * 1024
+def starts_from(lab: str) -> tuple[str, ...]:
+    """The labs whose graded decisions `lab` starts from, as the lab itself declares them (its grader-only
+    module's `STARTS_FROM`, with `earlier_results`): lab 6 takes over labs 2-5's."""
+    module = judging.hidden_module(lab)
+    return tuple(getattr(module, "STARTS_FROM", ())) if module is not None else ()
 
 
 def in_waves(course: Path, todo: list[Job], run: Callable[[list[Job]], None]) -> None:
     """Grade `todo` with `run` in two waves: first every lab that starts from no other, then those that do
-    (`STARTS_FROM`: lab 6), each job of the second carrying the student's results the first has merged."""
-    first = [j for j in todo if j.lab not in STARTS_FROM]
-    later = [j for j in todo if j.lab in STARTS_FROM]
+    (`starts_from`: lab 6), each job of the second carrying the decisions the first has graded."""
+    first = [j for j in todo if not starts_from(j.lab)]
+    later = [j for j in todo if starts_from(j.lab)]
     if first:
         run(first)
     if later:
@@ -310,14 +309,22 @@ def in_waves(course: Path, todo: list[Job], run: Callable[[list[Job]], None]) ->
 
 
 def with_earlier(course: Path, job: Job) -> Job:
-    """`job` carrying the student's graded results of the labs its lab starts from (`STARTS_FROM`), those
-    that are graded: without them lab 6 graded alone re-entered another plan than the student's."""
-    earlier = []
-    for lab in STARTS_FROM.get(job.lab, ()):
-        path = Path(course) / "autograded" / job.student / lab / "results" / f"{lab}.json"
-        if path.is_file() and not path.is_symlink() and path.stat().st_size <= EARLIER_RESULTS_CAP_BYTES:
-            earlier.append((lab, path.read_text(encoding="utf-8", errors="replace")))
-    return dataclasses.replace(job, earlier=tuple(earlier))
+    """`job` carrying the student's decisions of the labs its lab starts from (`starts_from`), as the
+    grading state holds them (`CellResult.decision`, what each lab's judges graded), laid out as the lab
+    reads them at home (its `earlier_results`); never a file of the student's graded folders, which the
+    student's own code wrote. A lab not graded yet is left out: the notebook starts from its default."""
+    labs = starts_from(job.lab)
+    if not labs:
+        return job
+    state = State.load(course)
+    decisions = {}
+    for lab in labs:
+        record = state.get(lab, job.student)
+        found = [c.decision for c in record.cells if c.decision] if record is not None and record.outcome == "graded" else []
+        if found:
+            decisions[lab] = found[-1]
+    module = judging.hidden_module(job.lab)
+    return dataclasses.replace(job, earlier=tuple(module.earlier_results(decisions)))  # type: ignore[union-attr]
 
 
 class Uncalibrated(RuntimeError):

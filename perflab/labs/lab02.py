@@ -219,8 +219,10 @@ _LAB_SIZES = {
 }
 
 
-# The notebook's own timing budgets in the grading kernel: the smallest that still runs its code.
-GRADING_BUDGET = dict(phase_steps=2, sweep_batches=4, sweep_steps=2, sweep_rounds=1, compare_blocks=2, compare_block_size=1)
+# The notebook's own timing budgets in the grading kernel where its sweep is replayed: the smallest that
+# still runs its code, for the sweeps (replayed) and the phase tables (shown, never decided from). The
+# comparison BEST is decided from runs in the grading kernel, so it keeps the mode's budget.
+GRADING_BUDGET = dict(phase_steps=2, sweep_batches=4, sweep_steps=2, sweep_rounds=1)
 
 
 def sizes(mode: str | None = None) -> LabSizes:
@@ -229,16 +231,16 @@ def sizes(mode: str | None = None) -> LabSizes:
     s = LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
     # Called with no mode, in a notebook: the grading kernel runs the notebook's own timing at
     # GRADING_BUDGET (the grade reads the grader's re-measurements and the home run's record).
-    return s if mode is not None else homework.smallest(s, decided_by="lab02.best", **GRADING_BUDGET)
+    return s if mode is not None else homework.smallest(s, replayed="lab02.workers", **GRADING_BUDGET)
 
 
 def as_decided(best: Any, why: Any, baseline: TrainConfig, device: Any, swept: Any = None) -> tuple[Any, Any]:
-    """(`BEST`, `WHY_BEST`) as the notebook decided them at home (`homework.decided`): BEST's loader knobs,
-    the line of why and the worker counts the notebook's sweep measured (`swept`, its `train_sweep`) are
-    recorded in the cell's output; in the grading kernel, where the sweep is replayed and the comparison
-    runs at the smallest budget, the home run's knobs on this baseline (home ran its own sizes, the grader
-    runs its own) and its why, on the same kind of device. The grader reads the counts: a BEST whose
-    worker count the home sweep never measured was not decided from it (`hidden.lab02.measured_at_home`)."""
+    """(`BEST`, `WHY_BEST`) as this run of the notebook decided them (`homework.decided`): at home BEST's
+    loader knobs, the line of why and the worker counts the notebook's sweep measured (`swept`, its
+    `train_sweep`) are recorded in the cell's output; in the grading kernel they are what the submitted code
+    decided in this run, from the replayed sweep and its own comparison, never the record. The grader reads
+    the counts: a BEST whose worker count the home sweep never measured was not decided from it
+    (`hidden.lab02.measured_at_home`)."""
     counts = sorted({n for n in swept if isinstance(n, int) and not isinstance(n, bool)}) if isinstance(
         swept, (dict, list, tuple, set)) else None
 

@@ -10,6 +10,7 @@ solution notebook's hidden blocks run probe and judge in-process with `check(gra
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -198,8 +199,9 @@ def judge_best_verified(observed: Any, ctx: Context) -> Mark:
     verdict, expectation = common.verify_against_bar(lab02.baseline_config(ctx.mode), best, lab02.EXPECTATION,
                                                      claim=claim, max_pairs=s.verify_max_pairs,
                                                      max_seconds=s.verify_seconds, decision=True)
-    return predict.with_reason(common.mark_of(verdict, expectation), "WHY_BEST", observed.get("why"),
+    mark = predict.with_reason(common.mark_of(verdict, expectation), "WHY_BEST", observed.get("why"),
                                "why your measurements make BEST your loader")
+    return dataclasses.replace(mark, decision={"config": best.to_dict()})  # what lab 6 starts from
 
 
 JUDGES = {
