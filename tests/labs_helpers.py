@@ -236,8 +236,18 @@ def graded_solution(lab: str) -> GradedRun:
     key = (lab, SOLUTION_STUDENT)
     if key not in _RUNS:
         course = course_for(lab)
-        _RUNS[key] = autograde(course, lab, SOLUTION_STUDENT, run_at_home(lab, build.source_notebook(lab)))
+        _RUNS[key] = autograde(course, lab, SOLUTION_STUDENT, solution_at_home(lab))
     return _RUNS[key]
+
+
+_HOMES: dict[str, Path] = {}
+
+
+def solution_at_home(lab: str) -> Path:
+    """The lab's solution notebook as its student hands it in (`run_at_home`), run once per session."""
+    if lab not in _HOMES:
+        _HOMES[lab] = run_at_home(lab, build.source_notebook(lab))
+    return _HOMES[lab]
 
 
 def run_at_home(lab: str, notebook: Path) -> Path:

@@ -230,22 +230,29 @@ def test_the_demo_takes_the_gpus_flag():
 
 
 def test_lab6s_job_carries_the_students_graded_decisions_where_the_notebook_reads_them(tmp_path):
+    """Lab 6 starts from the decisions the grading state holds for the student's graded labs 2-5 (what their
+    judges graded), laid where the notebook reads them at home; a results file the student's code wrote
+    into a graded folder is not read, and a lab not graded is left out (the notebook's default)."""
     from perflab import results
     from perflab.grading import job as job_mod
     from perflab.grading.result import Job, LabInfo
+    from perflab.grading.state import CellResult, Record, State
     from perflab.labs import lab06_report
     from perflab.workload import TrainConfig
 
     course = tmp_path / "course"
-    graded = {"lab02_feed": (TrainConfig(num_workers=1, persistent_workers=True, prefetch_factor=2), {}),
-              "lab03_amp": (TrainConfig(amp_dtype="bf16", channels_last=True), {}),
-              "lab04_memory": (None, {"checkpoint": {"stages": ["layer1", "layer2"]}}),
-              "lab05_compile": (None, {"compile": {"choice": "default"}})}
-    for lab, (config, sections) in graded.items():
-        results.save(course / "autograded" / "ann" / lab / "results" / f"{lab}.json", lab, sections, config=config)
+    graded = {"lab02_feed": {"config": TrainConfig(num_workers=1, persistent_workers=True, prefetch_factor=2).to_dict()},
+              "lab03_amp": {"config": TrainConfig(amp_dtype="bf16", channels_last=True).to_dict()},
+              "lab04_memory": {"checkpoint": ["layer1", "layer2"]},
+              "lab05_compile": {"choice": "default"}}
+    state = State.load(course)
+    for lab, decision in graded.items():
+        state.put(Record("ann", lab, "x", "graded", (CellResult("test_x", 1.0, 1.0, decision=decision),)))
+        results.save(course / "autograded" / "ann" / lab / "results" / f"{lab}.json", lab,  # written by her code
+                     {"compile": {"choice": "max-autotune"}}, config=TrainConfig(num_workers=3))
     submitted = course / "submitted" / "ann" / "lab06_together" / "lab06_together.ipynb"
     job = pipeline.with_earlier(course, Job("ann", "lab06_together", submitted, "x"))
-    assert [lab for lab, _ in job.earlier] == list(pipeline.STARTS_FROM["lab06_together"])
+    assert [lab for lab, _ in job.earlier] == list(pipeline.starts_from("lab06_together")) == list(graded)
     assert pipeline.with_earlier(course, Job("bob", "lab06_together", submitted, "x")).earlier == ()
 
     work = tmp_path / "work"
@@ -352,8 +359,9 @@ def test_an_unbuilt_set_in_a_read_only_folder_is_one_line_not_oserror_30(tmp_pat
 
 
 def test_lab6_is_graded_after_the_labs_it_starts_from_and_reads_what_they_merged(tmp_path):
-    from perflab import results
     from perflab.grading.result import Job
+    from perflab.grading.state import CellResult, Record, State
+    from perflab.workload import TrainConfig
 
     course = tmp_path / "course"
     todo = [Job("ann", "lab06_together", course / "a.ipynb", "1"), Job("ann", "lab03_amp", course / "b.ipynb", "2")]
@@ -361,9 +369,10 @@ def test_lab6_is_graded_after_the_labs_it_starts_from_and_reads_what_they_merged
 
     def run(wave):
         waves.append(wave)
-        for job in wave:  # what the merge of a graded submission leaves: its results file
+        for job in wave:  # what the merge of a graded submission leaves: its record, with the decision graded
             if job.lab == "lab03_amp":
-                results.save(course / "autograded" / job.student / job.lab / "results" / f"{job.lab}.json", job.lab, {})
+                State.load(course).put(Record(job.student, job.lab, job.sha256, "graded", (
+                    CellResult("test_amp_verified", 1.0, 1.0, decision={"config": TrainConfig().to_dict()}),)))
 
     pipeline.in_waves(course, todo, run)
     assert [[j.lab for j in wave] for wave in waves] == [["lab03_amp"], ["lab06_together"]]

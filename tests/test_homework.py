@@ -126,13 +126,24 @@ def test_a_malformed_or_forged_record_is_never_trusted_blindly(monkeypatch: pyte
         assert homework.read_file(tmp_path / homework.HOMEWORK_FILE) == []
 
 
-def test_the_comparison_of_precisions_replays_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_comparison_of_precisions_replays_by_name_and_setting(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from perflab.labs import lab03
+
+    bf16 = lab03.baseline_config("tiny").replace(amp_dtype="bf16")
     recorded = {"bf16": Comparison((0.02, 0.021, 0.02), (0.01, 0.011, 0.01), 1, labels=("fp32", "bf16"))}
-    homework.write_file([{"kind": "lab03.compare_precisions", "key": {"names": ["bf16"]},
+    homework.write_file([{"kind": "lab03.compare_precisions",
+                          "key": {"names": ["bf16"], "changes": {"bf16": {"amp_dtype": "bf16", "channels_last": False}}},
                           "value": {k: homework.comparison_value(c) for k, c in recorded.items()}}], tmp_path)
     _grading_kernel(monkeypatch)
-    monkeypatch.setattr("perflab.workload.build", lambda *a, **k: pytest.fail("a recorded comparison is not timed"))
-    assert lab03_figures.compare_precisions({"bf16": lab06.baseline_config("tiny")}, mode="tiny") == recorded
+    timed = []
+    monkeypatch.setattr("perflab.workload.build", lambda *a, **k: timed.append(a) or pytest.fail("timed again"))
+    assert lab03_figures.compare_precisions({"bf16": bf16}, mode="tiny") == recorded
+    assert not timed
+    # CANDIDATES edited after the saved run ("bf16" now channels_last too): the record is not this setting's.
+    homework.reset()
+    with pytest.raises(pytest.fail.Exception, match="timed again"):
+        lab03_figures.compare_precisions({"bf16": bf16.replace(channels_last=True)}, mode="tiny")
 
 
 def test_the_grader_reads_the_record_from_the_notebooks_outputs_in_cell_order() -> None:
@@ -297,8 +308,11 @@ def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_c
     hidden06.JUDGES["test_final_config"](observed, _ctx(lab06.LAB, entries))
 
 
-def test_a_decision_made_at_home_is_the_one_graded_and_its_sweep_is_not_repeated(
+def test_the_decision_graded_is_the_one_the_submitted_code_makes_whatever_its_record_says(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A record of BEST is never replayed: the grading kernel's BEST is what the submitted code decides
+    in that run. The sweep (replayed) runs at the smallest budget; the comparison BEST is decided from
+    keeps the mode's budget, so that decision rests on a measurement."""
     from perflab.labs import lab02
 
     base = lab02.baseline_config("tiny")
@@ -306,67 +320,69 @@ def test_a_decision_made_at_home_is_the_one_graded_and_its_sweep_is_not_repeated
     assert lab02.sizes() == lab02.sizes("tiny")  # at home, the mode's own budgets
     best, why = lab02.as_decided(home_best, "three workers gained 1.4x with a CI above one", base, "cpu")
     assert (best, why) == (home_best, "three workers gained 1.4x with a CI above one")
-    homework.write_file(homework.RECORDED, tmp_path)
+    sweep = {"kind": "lab02.workers", "key": {"cell": "workers", "args": [], "device": "cpu", "code": "x"}, "value": {}}
+    homework.write_file([*homework.RECORDED, sweep], tmp_path)
 
     _grading_kernel(monkeypatch)
-    small = lab02.sizes()
-    assert (small.sweep_steps, small.compare_blocks) == (2, 2)  # the notebook's own timing: smallest budget
-    assert small.verify_max_pairs == lab02.sizes("tiny").verify_max_pairs  # the grader's own: unchanged
-    assert lab02.sizes("tiny") == lab02.sizes("tiny")  # a judge that names its mode gets the mode's sizes
-    # The grading run's own noisy sweep picked no workers; the decision graded is the home run's.
+    small, mode = lab02.sizes(), lab02.sizes("tiny")
+    assert small.sweep_steps == 2 and small.phase_steps == 2  # replayed, or shown only: the smallest budget
+    assert (small.compare_blocks, small.compare_block_size) == (mode.compare_blocks, mode.compare_block_size)
+    assert small.verify_max_pairs == mode.verify_max_pairs  # the grader's own: unchanged
+    # The decision cell left at the baseline (or a function that now picks no workers): graded as submitted.
     best, why = lab02.as_decided(base, "no gain here", base, "cpu")
-    assert best == home_best and why.startswith("three workers")
-    assert "as your home run decided it" in capsys.readouterr().out
-    assert homework.EVENTS[-1]["event"] == "replayed"
+    assert (best, why) == (base, "no gain here")
+    out = capsys.readouterr().out
+    assert "as your code decides it in this run" in out and "your saved run decided" in out
+    assert homework.EVENTS[-1]["event"] == "decided"
+    # Without the sweep's record the sweep keeps its budget too.
+    homework.reset()
+    homework.write_file([e for e in homework.read_file(tmp_path / homework.HOMEWORK_FILE)
+                         if e["kind"] != "lab02.workers"], tmp_path)
+    assert lab02.sizes() == lab02.sizes("tiny")
 
 
-def test_a_decision_from_another_kind_of_device_or_none_at_all_is_made_again_and_says_so(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_lab5s_budgets_shorten_only_where_its_compile_record_replays_on_this_kind_of_device(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from perflab.labs import lab05
 
-    lab05.as_decided(None, "no mode cleared the keep rule on my laptop", "cpu")
-    homework.write_file(homework.RECORDED, tmp_path)
+    homework.write_file([{"kind": "lab05.modes", "key": {"workload": "small", "device": "cpu", "code": "x"},
+                          "value": {}}], tmp_path)
     _grading_kernel(monkeypatch)
     assert lab05.sizes().compare_blocks == 2 and lab05.sizes("tiny").compare_blocks == 10
-    # Graded on a GPU (simulated), the laptop's record is not this device's: the comparisons keep their
-    # budget, so the decision made again rests on a measurement, not on two blocks.
-    with monkeypatch.context() as graded_on_a_gpu:
+    with monkeypatch.context() as graded_on_a_gpu:  # the laptop's record is not this device's
         graded_on_a_gpu.setattr(homework, "device_kind", lambda: "cuda")
         assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks
-    choice, why = lab05.as_decided("default", "default cleared the keep rule", "cuda")
-    assert (choice, why) == ("default", "default cleared the keep rule")
-    out = capsys.readouterr().out
-    assert "your home run decided on cpu, this grader runs cuda" in out and "decided again" in out
+    assert lab05.as_decided("default", "w", "cuda") == ("default", "w")
     homework.reset()
     (tmp_path / homework.HOMEWORK_FILE).unlink()
-    # No record to replay (not saved after running, or released before the record): the notebook's own
-    # comparisons keep their budget, so what it decides rests on a measurement.
-    assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks
-    assert lab05.as_decided("default", "w", "cpu") == ("default", "w")
-    assert "carries no home run of it" in capsys.readouterr().out
+    assert lab05.sizes().compare_blocks == lab05.sizes("tiny").compare_blocks  # no record: the mode's budget
 
 
-def test_a_forged_decision_record_outside_the_decisions_knobs_is_not_used(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_forged_decision_record_is_never_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
     from perflab.labs import lab02, lab05
 
     base = lab02.baseline_config("tiny")
     homework.write_file([
         {"kind": "lab02.best", "key": {"device": "cpu", "code": None},
          "value": {"knobs": {"amp_dtype": "bfloat16"}, "why": "x"}},
+        {"kind": "lab02.best", "key": {"device": "cpu", "code": None},
+         "value": {"knobs": {"num_workers": 4, "persistent_workers": True}, "why": "typed in"}},
         {"kind": "lab05.choice", "key": {"device": "cpu", "code": None},
-         "value": {"choice": "fastest-please", "why": "x"}},
+         "value": {"choice": "max-autotune", "why": "typed in"}},
     ], tmp_path)
     _grading_kernel(monkeypatch)
     assert lab02.as_decided(base, "mine", base, "cpu") == (base, "mine")
     assert lab05.as_decided(None, "mine", "cpu") == (None, "mine")
-    assert [e["event"] for e in homework.EVENTS] == ["unreadable", "quick", "unreadable", "quick"]
+    assert [e["event"] for e in homework.EVENTS] == ["decided", "decided"]
+    out = capsys.readouterr().out
+    assert "your saved run decided TrainConfig(" in out and "your saved run decided 'max-autotune'" in out
 
 
-def test_a_real_kernel_replays_a_decision_only_while_the_cell_that_made_it_is_unchanged(
+def test_a_real_kernel_grades_the_decision_its_code_makes_not_the_one_its_record_names(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A lazy edit after the saved run (the choice set back to the baseline, not run again) is graded as
-    submitted: the record belongs to the code that made it."""
+    """The decision cell edited after the saved run and never run again (the lazy `PICK = 0`), or a record
+    typed in: the grading kernel's decision is the submitted code's."""
     from nbclient import NotebookClient
 
     decide = new_code_cell("PICK = int(os.environ.get('HOME_PICK', '0'))  # what this run's measurement says")
@@ -386,20 +402,11 @@ def test_a_real_kernel_replays_a_decision_only_while_the_cell_that_made_it_is_un
 
     run(nb, tmp_path / "home", HOME_PICK="3")  # at home the measurement picked 3
     saved = nbformat.reads(nbformat.writes(nb), as_version=4)
-    graded = {"NBGRADER_EXECUTION": "autograde", "PERFLAB_GRADER_REMEASURES": "1"}
-
-    as_saved = nbformat.reads(nbformat.writes(saved), as_version=4)
-    (tmp_path / "same").mkdir()
-    homework.write_file(homework.from_notebook(as_saved), tmp_path / "same")  # the grader lays it beside
-    out = run(as_saved, tmp_path / "same", **graded)  # this run's own (smallest-budget) pick would be 0
-    assert "graded 3" in out and "as your home run decided it" in out
-
-    edited = nbformat.reads(nbformat.writes(saved), as_version=4)
-    edited.cells[1].source += "\nPICK = 0  # set back to the baseline after the run"
-    (tmp_path / "edited").mkdir()
-    homework.write_file(homework.from_notebook(edited), tmp_path / "edited")
-    out = run(edited, tmp_path / "edited", **graded)
-    assert "graded 0" in out and "changed after the run your notebook saved" in out
+    assert homework.from_notebook(saved)[0]["value"] == 3
+    (tmp_path / "graded").mkdir()
+    homework.write_file(homework.from_notebook(saved), tmp_path / "graded")  # the grader lays it beside
+    out = run(saved, tmp_path / "graded", NBGRADER_EXECUTION="autograde", PERFLAB_GRADER_REMEASURES="1")
+    assert "graded 0" in out and "your saved run decided 3" in out
 
 
 def _compile_experiment(modes: tuple[str, ...], compiled_s: float = 0.008) -> tuple[dict, dict]:

@@ -63,6 +63,15 @@ class Context:
     # What the submitted notebook measured at home (`perflab.labs.homework.from_notebook`), read by the
     # judges of a decision it rests on; None where no submission was read (a solution checking itself).
     measured_at_home: tuple[Mapping[str, Any], ...] | None = None
+    # What one judge measured that another of the same submission reads (`remembered`): lab 3's and lab 6's
+    # decision cells hold the record against the re-measurement their verified cell grades, taken once.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)
+
+    def remembered(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per submission for `key` (a judge's re-measurement another judge reads too)."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def observed(self, grade_id: str) -> Any:
         """Another cell's observation (a verified cell reads the configuration its lab exported)."""

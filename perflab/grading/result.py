@@ -38,8 +38,9 @@ class Job:
     lab: str
     path: Path  # submitted/<student>/<lab>/<notebook>.ipynb
     sha256: str
-    # (lab, results JSON) of this student's graded earlier labs this lab starts from (lab 6 from labs 2,
-    # 3 and 5: `STARTS_FROM`), laid beside the notebook as they would be at home (`job.prepare_job`).
+    # (lab, results JSON) of this student's graded earlier labs this lab starts from (lab 6 from labs 2-5:
+    # `pipeline.with_earlier`), built by the grader from the decisions it graded, laid beside the notebook
+    # where the lab reads them at home (`job.prepare_job`).
     earlier: tuple[tuple[str, str], ...] = ()
 
 
@@ -103,16 +104,18 @@ class CellRow:
     error: str | None = None
     verdict: Mapping[str, Any] | None = None  # the cell's verification record, if it re-measured
     flag: str | None = None  # why a person should look at the answer (the judge's evidence)
+    decision: Mapping[str, Any] | None = None  # what the cell graded as the student's decision (`Mark.decision`)
 
     @classmethod
     def for_cell(cls, cell: Mapping[str, Any], score: float | None, *, error: str | None = None,
                  verdict: Mapping[str, Any] | None = None, manual: bool = False,
-                 flag: str | None = None) -> CellRow:
+                 flag: str | None = None, decision: Mapping[str, Any] | None = None) -> CellRow:
         """The row of a lab cell (`LabInfo.cells` entry: grade_id, max_score)."""
-        return cls(cell["grade_id"], float(cell["max_score"]), score, manual, error, verdict, flag)
+        return cls(cell["grade_id"], float(cell["max_score"]), score, manual, error, verdict, flag, decision)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "verdict": dict(self.verdict) if self.verdict is not None else None}
+        return {**dataclasses.asdict(self), "verdict": dict(self.verdict) if self.verdict is not None else None,
+                "decision": dict(self.decision) if self.decision is not None else None}
 
     @classmethod
     def from_dict(cls, data: Any) -> CellRow:
@@ -122,9 +125,11 @@ class CellRow:
         verdict = data.get("verdict")
         if verdict is not None and not isinstance(verdict, dict):
             raise ResultError("field 'verdict': expected an object or null")
+        decision = _need(data, "decision", dict, optional=True)
         return cls(_need(data, "grade_id", str), float(_need(data, "max_score", (int, float))),
                    None if score is None else float(score), bool(data.get("needs_manual_grade")),
-                   _need(data, "error", str, optional=True), verdict, _need(data, "flag", str, optional=True))
+                   _need(data, "error", str, optional=True), verdict, _need(data, "flag", str, optional=True),
+                   decision)
 
 
 def _document(data: str | bytes, schema: str, version: int) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def score(info: LabInfo, tmpl: Path, result: SubmissionResult, present: set[str]
             mark = judging.judge_cell(gid, judges[gid], ctx)
             rows.append(CellRow.for_cell(cell, round(mark.fraction * float(cell["max_score"]), 6),
                                          error=None if mark.fraction >= 1.0 else (mark.message or "a check failed"),
-                                         verdict=mark.verdict, flag=mark.flag))
+                                         verdict=mark.verdict, flag=mark.flag, decision=mark.decision))
     return rows
 
 

@@ -44,6 +44,8 @@ class CellResult:
     claimed: float | None = None
     hardware_class: str | None = None
     code: str | None = None  # the verifier's named reason for `verdict` ("clears_bar", "below_bar", "no_change", ...)
+    # What the cell graded as the student's decision (`marks.Mark.decision`): what a later lab starts from.
+    decision: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

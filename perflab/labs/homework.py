@@ -12,15 +12,22 @@ repeats the homework:
   keeps them: the notebook the student hands in carries them, with no file beside it to lose.
 * The grader reads them from the submitted notebook (`from_notebook`) before it clears the outputs and
   lays them beside the notebook it runs (`HOMEWORK_FILE`). In the grading kernel the same call returns
-  what was measured at home (`measured`): the notebook decides as it did at home, in a fraction of the
+  what was measured at home (`measured`), and the submitted code decides from it, in a fraction of the
   time. Each measurement is matched by what it measures (which knobs change, which names it times, in
-  the order of the calls), never by values, so a home run on a laptop replays on a GPU server.
+  the order of the calls) and, where the student wrote the measuring, by a digest of that code
+  (`code_digest`), never by values, so a home run on a laptop replays on a GPU server.
 * A measurement the notebook does not carry runs at the smallest budget that still executes its code
   (`QUICK_BLOCKS` blocks), and its cell says so: a decision made on it was not made on a measurement.
-* A decision a notebook derives in its own code (lab 2's `BEST` from the student's sweep, lab 5's
-  `CHOICE`) is recorded itself, as the notebook made it (`decided`); in the grading kernel its other
-  timing cells run at the smallest budget (`smallest`) and the decision is the home run's, where the
-  home run ran on the same kind of device with the same decision cell.
+* A decision (lab 2's `BEST`, lab 3's `AMP_CONFIG`, lab 5's `CHOICE`, lab 6's `FINAL`) is never
+  replayed: in the grading kernel it is whatever the submitted code computes, from the replayed
+  measurements where those belong to the code that made them. A decision a notebook derives in its own
+  code is recorded at home too (`decided`: what the grader's copy detection and lab 2's "was this worker
+  count measured" read), and in the grading kernel the record is shown beside the decision, never used.
+* `smallest` shortens only the notebook's timing that is replayed (or that no decision reads): a
+  comparison a decision is made from in the grading kernel keeps the grade budget.
+* A record made on the grader's kind of machine with the grader's workload (`stamp`) is held against the
+  grader's own re-measurement of the decision (`contradicted`): one faster than the re-measurement's CI
+  allows by more than `RECORD_CONTRADICTED` is flagged for a person and earns nothing.
 
 What is replayed only steers the notebook: every graded speedup is the grader's own re-measurement.
 """
@@ -113,33 +120,29 @@ def _same_but_code(recorded: Any, key: Any) -> bool:
 
 def decided(kind: str, value: T, *, device: str, encode: Callable[[T], Any], decode: Callable[[Any], T],
             what: str, show: Callable[[T], str] = repr) -> T:
-    """A decision as the notebook made it: at home `value`, recorded in the cell's output; in the grading
-    kernel, where its own timing cells ran at the smallest budget (`smallest`), the home run's decision,
-    where it was made on the same kind of `device` (a decision made on a laptop's CPU is not the one a
-    GPU server would make) by the same code: the record carries a digest of the cell that ran just before
-    (`previous_cell`, the student's decision cell), so a decision cell edited after the saved run (a
-    choice set back to the baseline) is graded as submitted, decided again from this run. `decode` may
-    raise ValueError for a record that is not a decision this notebook could have made: it is not used."""
+    """`value`, the decision the running code made, everywhere: at home it is recorded in the cell's
+    output (with the kind of `device` it was made on and a digest of the cell run just before it, the
+    student's decision cell); in the grading kernel it is what this run of the submitted code decided,
+    never the record (a decision cell left at the baseline, or a function edited after the saved run,
+    decides as submitted), and the cell says where the saved run decided otherwise. `decode` reads a
+    record back for that note; a record it rejects (ValueError) is not mentioned."""
     key = {"device": str(device), "code": _digest(previous_cell())}
     if not _grading_kernel():
         _record(kind, key, encode(value), what)
         return value
-    found, home = _replay(kind, key, decode)
-    if found:
-        print(f"[{what}: {show(home)}, as your home run decided it; the grade rests on the grader's own "
-              "re-measurement]")
-        return home
-    others = [e["key"] for e in _book() if e["kind"] == kind and isinstance(e.get("key"), dict)]
-    EVENTS.append({"kind": kind, "key": key, "event": "quick"})
-    if any(k.get("device") == key["device"] for k in others):
-        why = ("the cell that decides it changed after the run your notebook saved, so it is decided again from "
-               "this run's measurements, taken at the smallest budget")
-    elif others:
-        why = (f"your home run decided on {others[0].get('device')}, this grader runs {device}, so it is decided "
-               "again from this run's measurements")
-    else:
-        why = "this notebook carries no home run of it, so it is decided from this run's measurements"
-    print(f"[{what}: {why}: {show(value)}]")
+    EVENTS.append({"kind": kind, "key": key, "event": "decided"})
+    saved = []
+    for entry in _book():
+        if entry["kind"] == kind and isinstance(entry.get("key"), dict) and entry["key"].get("device") == key["device"]:
+            try:
+                saved.append(decode(entry["value"]))
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue
+    differs = [d for d in saved if show(d) != show(value)]
+    note = (f"; your saved run decided {show(differs[-1])}, but the grade follows the code you handed in"
+            if differs else "")
+    print(f"[{what}: {show(value)}, as your code decides it in this run{note}; the grade rests on the "
+          "grader's own re-measurement]")
     return value
 
 
@@ -196,18 +199,19 @@ def code_digest(*fns: Any) -> str | None:
         return None
 
 
-def smallest(sizes: T, *, decided_by: str | None = None, **budget: Any) -> T:
+def smallest(sizes: T, *, replayed: str, **budget: Any) -> T:
     """`sizes` (a lab's frozen dataclass of sizes) with the notebook's own timing budgets set to `budget`
-    in the grading kernel, unchanged at home: the grade reads only the grader's re-measurements and what
-    the home run recorded, so the notebook's timing cells only have to run their code. `decided_by`: the
-    kind of the record (`decided`) the lab's decision is replayed from; where the notebook carries none
-    made on this kind of device (it was not saved after running, was released before the record, or ran
-    at home on a laptop's CPU and is graded on a GPU), the budgets stay, so the notebook decides on a
-    measurement."""
+    in the grading kernel, unchanged at home. `budget` may name only the budgets of measurements the
+    grading kernel replays (recorded by `measured` as `replayed`) or that no decision reads: a comparison
+    the submitted code decides from in the grading kernel keeps its budget. Where the notebook carries no
+    record of `replayed` made on this kind of device (not saved after running, released before the
+    record, or run at home on a laptop's CPU and graded on a GPU), the budgets stay, so the notebook
+    decides on a measurement."""
     if not _grading_kernel():
         return sizes
-    if decided_by is not None and not any(e["kind"] == decided_by and isinstance(e.get("key"), dict)
-                                          and e["key"].get("device") == device_kind() for e in _book()):
+    here = device_kind()
+    if not any(e["kind"] == replayed and isinstance(e.get("key"), dict) and e["key"].get("device") == here
+               for e in _book()):
         return sizes
     return dataclasses.replace(sizes, **budget)  # type: ignore[type-var]
 
@@ -316,6 +320,51 @@ def unmeasured_note(what: str, setting: str, entries: Iterable[Mapping[str, Any]
     return (f"{what}: this notebook {carried}, so this decision was not made from your own measurement and "
             "earns nothing here; the grader's re-measurement of it is graded on its own. Run the notebook, "
             "decide from what it measures, save it (outputs and all), then hand it in")
+
+
+# ---------------------------------------------------------------------------------------------
+# Does the grader's re-measurement contradict the record? (the judges of lab 3's AMP_CONFIG, lab 6's FINAL)
+
+# A record whose speedup's CI lies wholly above the grader's re-measured CI by more than this factor (its
+# low end over the grader's high end) is contradicted: noise does not explain it. Held only where the record
+# names the grader's machine and workload (`stamp`): a laptop's gain and a server's differ honestly. The
+# factor is generous on purpose: lab 3's reference in tiny mode, kept at CI 1.21-1.97x in the notebook,
+# re-measured 1.02x (CI 0.84-1.44x), a ratio of 0.84; a record typed in at 1.9x where the grader measures
+# 1.0x (CI 0.95-1.05x) reads 1.8.
+RECORD_CONTRADICTED = 1.3
+
+
+def stamp(baseline: Any, device: Any = None) -> dict[str, Any]:
+    """Where a measurement of `baseline`'s workload was made, recorded beside it: the machine (its device,
+    CPU model and cores), its hardware class, and a digest of the workload (the baseline TrainConfig)."""
+    from perflab import env
+
+    info = env.machine_info(device)
+    workload = json.dumps(baseline.to_dict(), sort_keys=True, default=str)
+    return {"machine": f"{info.device_name} | {info.cpu_model} | {info.cpu_count} cores",
+            "hardware_class": info.hardware_class, "workload": _digest(workload)}
+
+
+def contradicted(recorded_low: float | None, where: Any, verdict: Mapping[str, Any] | None, baseline: Any,
+                 what: str) -> str | None:
+    """Why the grader's re-measurement (`verdict`: `common.verdict_record`'s "ci") contradicts a record
+    whose speedup's CI starts at `recorded_low`, made `where` (`stamp`), or None: None too where the record
+    was made on another machine or workload than the grader's `baseline` here, or either CI is missing."""
+    ci = (verdict or {}).get("ci")
+    if recorded_low is None or not isinstance(where, Mapping) or not isinstance(ci, (list, tuple)) or len(ci) != 2:
+        return None
+    try:
+        here = stamp(baseline)
+    except Exception:  # noqa: BLE001 - no device to describe: nothing to compare against
+        return None
+    if any(where.get(k) != here[k] for k in here) or not ci[1] or ci[1] <= 0:
+        return None
+    if recorded_low <= RECORD_CONTRADICTED * float(ci[1]):
+        return None
+    return (f"{what}: your saved run's record reads at least {recorded_low:.2f}x on this machine and workload, "
+            f"the grader re-measured {float(ci[0]):.2f}-{float(ci[1]):.2f}x: more than {RECORD_CONTRADICTED:g} "
+            "times apart, which noise does not explain, so the decision earns nothing from that record and a "
+            "person will look at it")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from perflab import env
-from perflab.labs.lab03 import StepFn, as_dtype, baseline_config, dtype_name, make_scaler, sizes
+from perflab.labs.lab03 import (
+    AMP_FIELDS,
+    StepFn,
+    as_dtype,
+    baseline_config,
+    dtype_name,
+    make_scaler,
+    sizes,
+)
 from perflab.labs.lab03_checks import loss_float
 from perflab.workload import TrainConfig
 
@@ -201,11 +209,16 @@ def compare_precisions(configs: Mapping[str, TrainConfig], *, mode: str | None =
     def decode(value: Any) -> dict[str, Any]:
         return {name: homework.comparison_from(value[name]) for name in names}
 
-    return homework.measured("lab03.compare_precisions", {"names": names},
+    def encode(out: dict[str, Any]) -> dict[str, Any]:
+        where = homework.stamp(baseline_config(mode))  # whether the grader may hold it against its own
+        return {k: {**homework.comparison_value(c), "where": where} for k, c in out.items()}
+
+    # Matched by the names and by what each setting changes (an edited CANDIDATES times again).
+    key = {"names": names, "changes": {name: {f: getattr(configs[name], f) for f in AMP_FIELDS} for name in names}}
+    return homework.measured("lab03.compare_precisions", key,
                              lambda: timed(blocks or s.compare_blocks, s.compare_warmup),
                              quick=lambda: timed(homework.QUICK_BLOCKS, 1),
-                             encode=lambda out: {k: homework.comparison_value(c) for k, c in out.items()},
-                             decode=decode, what="comparison of the precisions")
+                             encode=encode, decode=decode, what="comparison of the precisions")
 
 
 def speedup_rows(comparisons: Mapping[str, Any]) -> list[dict[str, Any]]:

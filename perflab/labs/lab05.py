@@ -256,7 +256,8 @@ _LAB_SIZES = {
 # The graded notebook compiles with Inductor on the CPU (its correctness gate, `check_compiled_matches_eager`):
 # the grader starts each job from a warm cache (perflab.grading.compile_cache).
 COMPILES_WHEN_GRADED = True
-# The notebook's own timing budgets in the grading kernel: the smallest that still runs its code.
+# The notebook's own timing budgets in the grading kernel where its compile of each mode is replayed: the
+# smallest that still runs its code (every figure CHOICE is decided from is in that record).
 GRADING_BUDGET = dict(steps=3, compare_blocks=2)
 
 
@@ -268,7 +269,7 @@ def sizes(mode: str | None = None) -> LabSizes:
     s = LabSizes(named, **_LAB_SIZES[named])  # type: ignore[arg-type]
     # Called with no mode, in a notebook: the grading kernel runs the notebook's own timing at
     # GRADING_BUDGET (the grade reads the grader's re-measurements and the home run's record).
-    return s if mode is not None else homework.smallest(s, decided_by="lab05.choice", **GRADING_BUDGET)
+    return s if mode is not None else homework.smallest(s, replayed="lab05.modes", **GRADING_BUDGET)
 
 
 def available_modes(device: torch.device | str, mode: str | None = None) -> tuple[str, ...]:
@@ -458,8 +459,9 @@ def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
     At home `measure()` runs and its raw figures are recorded in the cell's output (`homework.measured`).
     In the grading kernel they are the home run's, made on the same kind of `device`, whatever modes the
     home run's mode timed (a laptop-mode run also times max-autotune): nothing is compiled again only to
-    be timed, since the grader re-measures `CHOICE` itself. The record belongs to the student's `code`
-    (their `measure_compile`, `homework.code_digest`): a function edited after the saved run times again.
+    be timed, since the grader re-measures `CHOICE` itself. The record belongs to `measure` and the
+    student's `code` (their `measure_compile`, `homework.code_digest`): either edited after the saved run
+    times again.
     A notebook that carries none runs `measure()` at the budgets in force (`sizes`)."""
     s = s or sizes()
     kind = getattr(device, "type", str(device))
@@ -483,7 +485,7 @@ def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
             raise ValueError("compile record: seconds not finite")
         return timings, {mode: homework.comparison_from(value["comparisons"][mode]) for mode in modes}
 
-    digest = homework.code_digest(code) if code is not None else None
+    digest = homework.code_digest(measure, code) if code is not None else None
     if code is not None and digest is None:  # no source to bind a record to (a functools.partial): measure
         return measure()
     key = {"workload": workload, "device": kind, "code": digest}
@@ -493,9 +495,9 @@ def measured_modes(measure: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
 
 
 def as_decided(choice: Any, why: Any, device: Any) -> tuple[Any, Any]:
-    """(`CHOICE`, `WHY_CHOICE`) as the notebook decided them at home (`homework.decided`): recorded in the
-    cell's output; in the grading kernel, where the comparisons ran at the smallest budget, the home run's
-    on the same kind of device (a compile that does not pay on a laptop's CPU may pay on a GPU)."""
+    """(`CHOICE`, `WHY_CHOICE`) as this run of the notebook decided them (`homework.decided`): recorded in
+    the cell's output at home; in the grading kernel what the submitted code decided in this run from the
+    replayed comparisons, never the record."""
     def encode(decision: tuple[Any, Any]) -> dict[str, Any]:
         mode, line = decision
         return {"choice": mode if mode is None or isinstance(mode, str) else repr(mode),

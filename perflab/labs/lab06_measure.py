@@ -20,7 +20,7 @@ import numpy as np
 
 from perflab import env, stats
 from perflab.labs import moved
-from perflab.labs.lab06 import CI_SEED, QUANTILE, LabSizes, sizes
+from perflab.labs.lab06 import CI_SEED, QUANTILE, LabSizes, baseline_config, sizes
 from perflab.timing import PRIME_CALLS, interleaved_blocks
 from perflab.workload import AMP_DTYPES, TrainConfig
 
@@ -156,7 +156,9 @@ def measure_ablation(chain: Sequence[tuple[str, TrainConfig]], s: LabSizes | Non
         return dict(zip(names, times[:len(chain)], strict=True)), comparisons
 
     def encode(result: tuple[dict[str, list[float]], dict[str, Any]]) -> dict[str, Any]:
-        return {"times": result[0], "left_out": {k: homework.comparison_value(c) for k, c in result[1].items()}}
+        return {"times": result[0], "left_out": {k: homework.comparison_value(c) for k, c in result[1].items()},
+                "block_steps": s.block_steps,
+                "where": homework.stamp(baseline_config(s.mode))}  # whether the grader may hold it against its own
 
     def decode(value: Any) -> tuple[dict[str, list[float]], dict[str, Any]]:
         times = {name: [float(t) for t in value["times"][name]] for name in names}

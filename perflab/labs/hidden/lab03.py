@@ -13,6 +13,7 @@ in-process with `check(grade_id, globals())`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.judging import Context, Mark, Suspicious, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab03, lab03_census, lab03_checks, predict
 from perflab.labs.lab03 import as_dtype, dtype_name
@@ -216,6 +217,7 @@ def judge_config(observed: Any, ctx: Context) -> None:
     assert _claim(observed) is not None, (f"CLAIM: a positive number (your measured speedup), got "
                                           f"{observed.get('claim')!r}")
     measured_at_home(config, ctx)
+    not_contradicted(config, observed, ctx)
 
 
 def candidate_knobs(name: str) -> tuple[str | None, bool]:
@@ -246,17 +248,71 @@ def measured_at_home(config: TrainConfig, ctx: Context) -> None:
     raise AssertionError(homework.unmeasured_note("AMP_CONFIG", described, ctx.measured_at_home))
 
 
+def remeasured(config: TrainConfig, observed: Mapping[str, Any], ctx: Context) -> tuple[Any, Any]:
+    """The grader's re-measurement of AMP_CONFIG (verdict, expectation), taken once per submission: the
+    verified cell grades it, the decision cell holds the home record against it."""
+    from perflab.labs import common
+
+    def measure() -> tuple[Any, Any]:
+        s = lab03.sizes(ctx.mode)
+        return common.verify_against_bar(lab03.baseline_config(ctx.mode), config,
+                                         lab03.expectation_name(config.device_type), claim=_claim(observed),
+                                         max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
+
+    return ctx.remembered(("lab03.remeasured", json.dumps(config.to_dict(), sort_keys=True), _claim(observed)),
+                          measure)
+
+
+def recorded_comparisons(config: TrainConfig, ctx: Context) -> list[tuple[float, Any]]:
+    """(the CI's low end, where it was made) of every home comparison of AMP_CONFIG's setting that says where
+    it was made (`homework.stamp`); a malformed one is left out."""
+    from perflab.labs import homework
+
+    setting = (config.amp_dtype, config.channels_last)
+    found = []
+    for entry in ctx.measured_at_home or ():
+        value = entry.get("value")
+        if entry.get("kind") != "lab03.compare_precisions" or not isinstance(value, Mapping):
+            continue
+        for name, recorded in value.items():
+            if isinstance(name, str) and candidate_knobs(name) == setting and isinstance(recorded, Mapping) \
+                    and isinstance(recorded.get("where"), Mapping):
+                try:
+                    found.append((homework.comparison_from(recorded).ci().low, recorded["where"]))
+                except (TypeError, ValueError, KeyError):
+                    continue
+    return found
+
+
+def not_contradicted(config: TrainConfig, observed: Mapping[str, Any], ctx: Context) -> None:
+    """Suspicious (0 points, flagged) where the home comparison AMP_CONFIG was decided from, made on this
+    machine and workload, reads faster than the grader's re-measurement allows (`homework.contradicted`):
+    a record typed in, or one that outlived its code, earns nothing."""
+    from perflab.labs import common, homework
+
+    if ctx.measured_at_home is None or config == lab03.baseline_config(ctx.mode):
+        return
+    records = recorded_comparisons(config, ctx)
+    if not records:
+        return
+    try:
+        verdict, expectation = remeasured(config, observed, ctx)
+    except Exception:  # noqa: BLE001 - the verified cell meets the same fault and says so; nothing to hold here
+        return
+    measured = common.verdict_record(verdict, expectation)
+    for low, where in records:
+        why = homework.contradicted(low, where, measured, lab03.baseline_config(ctx.mode), "AMP_CONFIG")
+        if why:
+            raise Suspicious(why)
+
+
 def judge_verified(observed: Any, ctx: Context) -> Mark:
     from perflab.labs import common
 
     config = exported_config(observed)
     _first(lab03.config_problems(config, ctx.mode))
-    s = lab03.sizes(ctx.mode)
-    verdict, expectation = common.verify_against_bar(lab03.baseline_config(ctx.mode), config,
-                                                     lab03.expectation_name(config.device_type),
-                                                     claim=_claim(observed), max_pairs=s.verify_max_pairs,
-                                                     max_seconds=s.verify_seconds, decision=True)
-    return common.mark_of(verdict, expectation)
+    verdict, expectation = remeasured(config, observed, ctx)
+    return dataclasses.replace(common.mark_of(verdict, expectation), decision={"config": config.to_dict()})
 
 
 JUDGES = {

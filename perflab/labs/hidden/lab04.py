@@ -437,12 +437,13 @@ def judge_checkpoint_choice(observed: Any, ctx: Context) -> Mark | None:
         f"({lab04.ACTIVATION_BUDGET_SHARE:.0%}): this choice does not fit")
     least, best = table.cheapest()
     cost = table.cost(stages)
+    decision = {"checkpoint": list(stages)}  # what lab 6 starts from
     if cost <= (1 + CHOICE_COST_RTOL) * least:
-        return None
+        return Mark(1.0, decision=decision)
     return Mark(COSTLIER_FIT_SHARE, (
         f"{where}: it fits the budget of {memory.format_bytes(table.budget)}, but recomputes "
         f"{cost / 1e9:.2f} GFLOP in backward, where checkpointing {_stages_text(best[0])} also fits and recomputes "
-        f"{least / 1e9:.2f} GFLOP: fitting comes first, the least recomputation second"))
+        f"{least / 1e9:.2f} GFLOP: fitting comes first, the least recomputation second"), decision=decision)
 
 
 # ---------------------------------------------------------------------------------------------

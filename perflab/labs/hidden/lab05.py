@@ -11,6 +11,7 @@ problem. A solution notebook's hidden blocks run probe and judge in-process with
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -267,8 +268,9 @@ def judge_choice(observed: Any, ctx: Context) -> Mark:
     verdict, expectation = common.verify_against_bar(baseline, candidate, lab05.expectation_name(ctx.mode),
                                                      claim=claim, max_pairs=s.verify_max_pairs,
                                                      max_seconds=s.verify_seconds, decision=True)
-    return predict.with_reason(common.mark_of(verdict, expectation), "WHY_CHOICE", observed.get("why"),
+    mark = predict.with_reason(common.mark_of(verdict, expectation), "WHY_CHOICE", observed.get("why"),
                                "why your measurements support CHOICE")
+    return dataclasses.replace(mark, decision={"choice": choice})  # what lab 6 starts from
 
 
 JUDGES = {

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from perflab import env
-from perflab.grading.judging import Context, Mark, check_here
+from perflab.grading.judging import Context, Mark, Suspicious, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab03, lab06, lab06_checks, lab06_measure, lab06_memory, predict
 from perflab.labs.hidden import lab03 as hidden03
@@ -168,6 +168,42 @@ def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
 
 
 # ---------------------------------------------------------------------------------------------
+# What lab 6 starts from: the student's decisions of the labs before it, as the grader graded them
+
+# The graded labs whose decisions lab 6 takes over, as their judges recorded them (`Mark.decision`: lab 2's
+# BEST, lab 3's AMP_CONFIG, lab 4's CHECKPOINT_CHOICE, lab 5's CHOICE). The grader grades them first.
+STARTS_FROM = ("lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile")
+
+
+def earlier_results(decisions: Mapping[str, Mapping[str, Any]], machine: Any = None) -> tuple[tuple[str, str], ...]:
+    """(lab, results JSON) for the notebook to read its earlier decisions from where it reads them at home
+    (`lab06_report.earlier_decisions`), built from the grader's record of each graded decision
+    (`decisions`: lab -> `Mark.decision`), never from a file the student's code wrote. A lab with no graded
+    decision (not graded, or its decision could not be read) is left out: the notebook starts from its
+    documented default there, as a student who never ran that lab does."""
+    from perflab import results
+
+    out = []
+    for lab in STARTS_FROM:
+        decision = decisions.get(lab)
+        if not isinstance(decision, Mapping):
+            continue
+        try:
+            if "config" in decision:
+                doc = results.make(lab, {}, config=TrainConfig.from_dict(dict(decision["config"])), machine=machine)
+            elif "choice" in decision:
+                doc = results.make(lab, {"compile": {"choice": decision["choice"]}}, machine=machine)
+            elif "checkpoint" in decision:
+                doc = results.make(lab, {"checkpoint": {"stages": list(decision["checkpoint"])}}, machine=machine)
+            else:
+                continue
+        except (TypeError, ValueError, results.ResultsError):
+            continue
+        out.append((lab, json.dumps(doc)))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
 # The reference answers and the checks built on them (the problems in words, empty when all is well)
 
 
@@ -291,6 +327,7 @@ def judge_final_config(observed: Any, ctx: Context) -> None:
     problems = lab06.final_problems(final, chain, ctx.mode)
     assert not problems, problems[0]
     measured_at_home(final, ctx)
+    not_contradicted(final, observed, ctx)
 
 
 def measured_at_home(final: TrainConfig, ctx: Context) -> None:
@@ -343,18 +380,78 @@ def judge_ablation_table(observed: Any, ctx: Context) -> None:
         _value_error(got, f"ablation_table with a speedup of {value}", rows[1]["name"])
 
 
+def remeasured(final: TrainConfig, observed: Mapping[str, Any], ctx: Context) -> tuple[Any, Any]:
+    """The grader's re-measurement of FINAL (verdict, expectation), taken once per submission: the verified
+    cell grades it, the decision cell holds the home ablation against it. The claim is the verified cell's."""
+    from perflab.labs import common
+
+    claim = decode_float(observed.get("claim"))
+    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
+
+    def measure() -> tuple[Any, Any]:
+        s = lab06.sizes(ctx.mode)
+        return common.verify_against_bar(lab06.baseline_config(ctx.mode), final, lab06.EXPECTATION, claim=claim,
+                                         max_pairs=s.verify_max_pairs, max_seconds=s.verify_seconds, decision=True)
+
+    return ctx.remembered(("lab06.remeasured", json.dumps(final.to_dict(), sort_keys=True), claim), measure)
+
+
+def recorded_ablations(final: TrainConfig, ctx: Context) -> list[tuple[float, Any]]:
+    """(the CI's low end of the chain's last configuration against its first, where it was made) of every
+    home ablation that timed FINAL's changes and says where it was made (`homework.stamp`)."""
+    from perflab import timing
+    from perflab.labs import homework
+
+    wanted = homework.change_groups(lab06.baseline_config(ctx.mode), final)
+    found = []
+    for entry in ctx.measured_at_home or ():
+        key, value = entry.get("key"), entry.get("value")
+        if entry.get("kind") != "lab06.ablation" or not isinstance(key, Mapping) or not isinstance(value, Mapping):
+            continue
+        names, steps = key.get("names"), key.get("changes")
+        if not (isinstance(names, list) and len(names) >= 2 and isinstance(steps, list)
+                and all(isinstance(step, list) for step in steps)
+                and sorted({str(group) for step in steps for group in step}) == wanted
+                and isinstance(value.get("where"), Mapping)):
+            continue
+        try:
+            times = value["times"]
+            comparison = timing.Comparison(tuple(times[names[0]]), tuple(times[names[-1]]),
+                                           int(value.get("block_steps", 1)), quantile=QUANTILE)
+            found.append((comparison.ci().low, value["where"]))
+        except (TypeError, ValueError, KeyError):
+            continue
+    return found
+
+
+def not_contradicted(final: TrainConfig, observed: Mapping[str, Any], ctx: Context) -> None:
+    """Suspicious (0 points, flagged) where the home ablation that timed FINAL, made on this machine and
+    workload, reads faster than the grader's re-measurement of FINAL allows (`homework.contradicted`)."""
+    from perflab.labs import common, homework
+
+    if ctx.measured_at_home is None or final == lab06.baseline_config(ctx.mode):
+        return
+    records = recorded_ablations(final, ctx)
+    if not records:
+        return
+    try:
+        verdict, expectation = remeasured(final, ctx.observed("test_final_verified"), ctx)
+    except Exception:  # noqa: BLE001 - the verified cell meets the same fault and says so; nothing to hold here
+        return
+    measured = common.verdict_record(verdict, expectation)
+    for low, where in records:
+        why = homework.contradicted(low, where, measured, lab06.baseline_config(ctx.mode), "FINAL")
+        if why:
+            raise Suspicious(why)
+
+
 def judge_final_verified(observed: Any, ctx: Context) -> Mark:
     from perflab.labs import common
 
     final = config_of(observed.get("final"), "FINAL")
     problems = lab06.final_problems(final, mode=ctx.mode)
     assert not problems, problems[0]
-    claim = decode_float(observed.get("claim"))
-    claim = claim if claim is not None and math.isfinite(claim) and claim > 0 else None
-    s = lab06.sizes(ctx.mode)
-    verdict, expectation = common.verify_against_bar(lab06.baseline_config(ctx.mode), final, lab06.EXPECTATION,
-                                                     claim=claim, max_pairs=s.verify_max_pairs,
-                                                     max_seconds=s.verify_seconds, decision=True)
+    verdict, expectation = remeasured(final, observed, ctx)
     return common.mark_of(verdict, expectation)
 
 
