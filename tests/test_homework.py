@@ -729,3 +729,26 @@ def test_lab5s_compile_measured_by_code_without_source_is_measured_and_never_rec
     got = lab05.measured_modes(lambda: _compile_experiment(("default",)), "small", "cpu",
                                code=functools.partial(measure_compile, steps=3))
     assert set(got[0]) == {"eager", "default"} and homework.RECORDED == []
+
+
+def test_lab2s_decision_comparison_replays_for_the_same_two_loaders_and_device(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The comparison BEST is decided from (`lab02_measure.compare_loaders`) is the kit's code on two
+    loaders: replayed when graded for those loaders on this kind of device, timed again for any other."""
+    from types import SimpleNamespace
+
+    from perflab.labs import lab02, lab02_measure
+
+    measured = Comparison((0.02, 0.021, 0.02), (0.01, 0.011, 0.01), 1, labels=("baseline", "candidate"))
+    runs: list = []
+    monkeypatch.setattr("perflab.workload.build", lambda config: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr("perflab.timing.compare", lambda *a, **k: runs.append(k["blocks"]) or measured)
+    base, s = lab02.baseline_config("tiny"), lab02.sizes("tiny")
+    one = base.replace(num_workers=1, persistent_workers=True)
+    assert lab02_measure.compare_loaders(base, one, s) == measured and runs == [s.compare_blocks]
+    homework.write_file(homework.RECORDED, tmp_path)
+    _grading_kernel(monkeypatch)
+    assert lab02_measure.compare_loaders(base, one, s) == measured and len(runs) == 1
+    assert homework.EVENTS[-1]["event"] == "replayed"
+    lab02_measure.compare_loaders(base, one.replace(num_workers=2), s)
+    assert len(runs) == 2 and homework.EVENTS[-1]["event"] == "quick"

@@ -32,6 +32,33 @@ def loader_pace(baseline: TrainConfig, candidate: TrainConfig, block_size: int) 
             "lead_in": (pace.lead_in(queues[0]), pace.lead_in(queues[1]))}
 
 
+def compare_loaders(baseline: TrainConfig, candidate: TrainConfig, sizes: Any) -> Any:
+    """The decision's comparison: `candidate`'s training step against `baseline`'s in interleaved blocks at
+    their loaders' pace (`loader_pace`), `sizes.compare_blocks` blocks, a `perflab.timing.Comparison`. At
+    home it runs and is recorded in the cell's output; in the grading kernel it is the home run's for the
+    same two loaders on the same kind of device (it is the kit's code, so the loaders and the device are
+    all it depends on), else it runs at the budget in force. A BEST decided from it is decided again by
+    the submitted code in the grading kernel, from the same figures, not from a noisier run of its own."""
+    from perflab import timing, workload
+
+    def measure() -> Any:
+        a, b = workload.build(baseline), workload.build(candidate)
+        try:
+            return timing.compare(lambda: workload.train_step(a), lambda: workload.train_step(b),
+                                  blocks=sizes.compare_blocks, labels=("baseline", "candidate"),
+                                  **loader_pace(baseline, candidate, sizes.compare_block_size))
+        finally:
+            a.close()
+            b.close()
+
+    fields = sorted(name for name, group in homework.CHANGE_GROUPS.items() if group == "loader")
+    key = {"loaders": [{name: getattr(c, name) for name in fields} for c in (baseline, candidate)],
+           "device": candidate.device_type}
+    return homework.measured("lab02.compare", key, measure, quick=measure, encode=homework.comparison_value,
+                             decode=homework.comparison_from, what="comparison of your loader",
+                             quick_budget=f"{sizes.compare_blocks} blocks")
+
+
 def measured(cell: str, measure: Callable[..., T], *args: Any, device: Any, sizes: Any, code: Sequence[Any] = ()) -> T:
     """`measure(*args)`, one of the notebook's loader measurements (its sweep, the crowded run, epoch
     starts, the prefetch sweep): at home it runs and its figures are recorded in the cell's output
