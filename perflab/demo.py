@@ -21,7 +21,10 @@ local back-end in grade mode, feedback, export; on a machine whose class has no 
 graded lab, it calibrates that bar first, `perflab.grading.self_calibration`, so that the lazy student
 loses every gain cell this machine gives), renders each student's optimization report from
 the results files their graded notebook wrote and the class report, and prints where each artefact
-is and a table of scores. Everything lands in `demo/` (or `--out`), which a re-run replaces.
+is and a table of scores. Everything lands in `demo/` (or `--out`), which a re-run replaces. The students
+of a lab that decides from its home measurements (labs 2, 3, 5 and 6) are made from one executed
+reference, so grading flags them as copies of one another (`perflab.grading.copies`), as it should: the
+demo says so and lists the pairs.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ LAB1_FAKE_TIMER = '''def time_callable(fn, warmup=3, repeats=20, clock=time.perf
     return {"samples": [0.001] * repeats, "median": 0.001, "p95": 0.001, "p99": 0.001, "spread": 0.0,
             "speedup": speedup}
 '''
+# Why the demo's graded students of a lab that records its home measurements are flagged as copies.
+COPIES_NOTE = ("the demo's students of a lab are made from one executed reference, so they hand in the same home "
+               "measurements, which two runs never share; a class's own students each run their notebook")
 SEGFAULT = "import ctypes\nctypes.string_at(0)  # reads address 0: the kernel dies\n"
 
 
@@ -271,6 +277,7 @@ class Demo:
     autograded_max: dict[str, float] = field(default_factory=dict)  # lab -> points of its autograded cells
     calibration_seconds: float = 0.0  # calibrating the bars this machine had none for, before grading
     calibration: str = ""  # what was calibrated, in words ("" where every bar was there)
+    copies: tuple[str, ...] = ()  # the copy pairs grading flagged (`perflab.grading.copies`): expected here
 
     def table(self) -> str:
         """Student x lab autograded scores out of each lab's autograded points (written answers wait
@@ -377,6 +384,8 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     graded_run = pipeline.grade(course, settings, solutions=solutions, progress=graded)
     for fault in graded_run.machine_faults:
         say(f"    NOT GRADED (the grading machine's fault) {fault}")
+    if graded_run.copies:
+        say(f"    {len(graded_run.copies)} copy pair(s) flagged, as expected: {COPIES_NOTE}")
     stage("feedback pages")
     pages = pipeline.feedback(course).pages
     stage("export grades.csv and grades.json")
@@ -411,7 +420,7 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
     return Demo(out, course, tuple(labs), students, csv_path, json_path, tuple(pages), reports, class_report,
                 scores, notes, time.monotonic() - started, tuple(warnings),
                 {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs},
-                calibration.seconds, calibration.line())
+                calibration.seconds, calibration.line(), graded_run.copies)
 
 
 def autograded_points(source: Path) -> float:
@@ -444,6 +453,9 @@ def summary(demo: Demo) -> str:
     for student, path in demo.reports.items():
         lines.append(f"  report {student:11s} {rel(path)}")
     lines += ["", "autograded scores (written answers wait for a person: see the feedback):", demo.table()]
+    if demo.copies:
+        lines += ["", f"copy pairs flagged for review ({len(demo.copies)}), as expected: {COPIES_NOTE}"]
+        lines += [f"  {pair[:200]}" for pair in demo.copies[:8]] + (["  ..."] if len(demo.copies) > 8 else [])
     for student in ("cheater", "crasher", "broken"):
         for lab, items in sorted(demo.notes.get(student, {}).items()):
             for item in items[:3]:

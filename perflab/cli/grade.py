@@ -7,7 +7,7 @@
                         [--no-calibration | --require-calibration]
     perflab grade feedback                  HTML feedback (hidden tests never shown)
     perflab grade export [--lms canvas|moodle]  grades.csv and grades.json [and a file the LMS imports]
-    perflab grade status                    graded, failed, inconclusive, flagged, pending
+    perflab grade status                    graded, failed, inconclusive, flagged, pending, copy pairs
 """
 
 from __future__ import annotations
@@ -165,10 +165,12 @@ def run(args: argparse.Namespace) -> int:
         if args.lms:
             print("\n".join(export.export_lms(course, args.lms, args.out, args.lab).lines(args.lms)))
     elif args.verb == "status":
-        from perflab.grading import export, sandbox
+        from perflab.grading import copies, export, sandbox
 
         for name, keys in export.status(course).items():
             print(f"{name:13s}{len(keys):4d}  {' '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
+        for pair in copies.pairs(course):  # each pair in full: whom, and what the two share
+            print(f"  copy pair  {copies.pair_line(pair)}")
         print("\n".join(sandbox.describe()))
         if sandbox.isolation().kind == "none":
             print("grading      refused here unless `perflab grade grade --unisolated` (or in the container)")

@@ -131,6 +131,37 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
     return record
 
 
+def review(course: Path, state: State, record: Record, *, flags: Sequence[str], notes: Sequence[str],
+           shown: Sequence[str] | None = None) -> Record:
+    """`record` with the flags and notes a review across submissions found after grading (`copies.review`:
+    a pair of copies), written where `merge` writes them: the state, the gradebook's flag (formgrader) and
+    the notes cell of the graded copy the feedback page is made from. `shown`: the flags as the gradebook's
+    comment shows them, which nbgrader's feedback renders for the student (default: `flags`). No score changes."""
+    import dataclasses
+
+    import nbformat
+    from nbgrader.api import Gradebook
+
+    course = Path(course).resolve()
+    new = dataclasses.replace(record, flags=tuple(flags), flagged=bool(flags), notes=tuple(notes))
+    source = sorted((course / "source" / record.lab).glob("*.ipynb"))
+    if source:
+        with nbapi._tools_on_path(), warnings.catch_warnings(), \
+                Gradebook(f"sqlite:///{course / 'gradebook.db'}", nbapi.COURSE_ID) as gb:
+            warnings.filterwarnings("ignore", message=".*not in session.*")
+            comment = new if shown is None else dataclasses.replace(new, flags=tuple(shown))
+            _flag_in_gradebook(gb, Job(record.student, record.lab, source[0], record.sha256), source[0].stem, comment,
+                               record, nbapi._cell_order(source[0]))
+            gb.db.commit()
+        graded = course / "autograded" / record.student / record.lab / source[0].name
+        if graded.is_file():
+            nb = nbformat.read(graded, as_version=4)
+            fb.add_notes(nb, list(new.notes), f"{record.lab}, {record.student}")
+            nbformat.write(nb, graded)
+    state.put(new)
+    return new
+
+
 # What opens the comment formgrader shows on a flagged submission's first answer cell.
 FLAG_COMMENT_HEADER = "Flagged for review by perflab:"
 

@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.grading import compile_cache, judging, self_calibration
+from perflab.grading import compile_cache, copies, judging, self_calibration
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.collect import lab_names, plan, submissions
 from perflab.grading.feedback_pages import NOT_RENDERED, FeedbackRun, write_pages
@@ -118,6 +118,7 @@ class Summary:
     machine_faults: tuple[str, ...] = ()
     device: str = ""  # the device kind the run graded for
     calibration: str = ""  # what calibrating this machine's missing bars first cost (`self_calibration`)
+    copies: tuple[str, ...] = ()  # pairs of a graded lab whose home measurements one run made (`copies.review`)
 
     def line(self) -> str:
         out = (f"graded {len(self.graded)} submission(s) ({len(self.failed)} could not be run), "
@@ -134,6 +135,9 @@ class Summary:
         if self.uncalibrated and self.graded:
             out += (f"; {len(self.uncalibrated)} re-measured cell(s) held to the conservative rule, no bar "
                     "being calibrated on this machine (the warnings above say which)")
+        if self.copies:
+            out += (f"; {len(self.copies)} pair(s) of submissions whose home measurements one run made, both "
+                    "flagged for review (`perflab grade status` lists them)")
         return out
 
 
@@ -265,6 +269,10 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                     failed.append(f"{job.lab}/{job.student}")
                     return
             (failed if record.outcome == "failed" else graded).append(record.key)
+            try:  # what it measured at home, kept to compare with the lab's other submissions (`copies`)
+                copies.keep_submission(course, job)
+            except Exception:
+                log.exception("%s/%s: could not keep its fingerprint; compared from its file later", job.lab, job.student)
             if progress:
                 progress(record)
 
@@ -285,9 +293,14 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
                 ray_backend.run(wave, infos, templates, settings, hide, on_result, address=ray_address)
 
         in_waves(course, todo, run)
+        try:  # once every lab is merged: a copy is flagged whichever of the pair was graded first
+            pairs = [copies.pair_line(p.to_dict()) for p in copies.review(course, state, {j.lab for j in todo})]
+        except Exception:
+            log.exception("could not compare the graded submissions for copies; the next run compares them")
+            pairs = []
     return Summary(tuple(graded), tuple(f"{j.lab}/{j.student}" for j in done), tuple(failed),
                    tuple(str(p) for p in removed), iso.kind, tuple(uncalibrated), tuple(machine),
-                   settings.device or "", calibration=calibration.line())
+                   settings.device or "", calibration=calibration.line(), copies=tuple(pairs))
 
 
 def starts_from(lab: str) -> tuple[str, ...]:

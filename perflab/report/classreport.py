@@ -104,6 +104,9 @@ class ClassExport:
 
     source: str
     rows: tuple[Submission, ...]
+    # (lab, student, student, what they share): submissions whose home measurements one run made
+    # (`perflab.grading.copies`; grades.json's "copies"), both flagged for review.
+    copies: tuple[tuple[str, str, str, str], ...] = ()
 
     def labs(self) -> list[str]:
         found = {r.lab for r in self.rows}
@@ -245,7 +248,19 @@ def load_export(source: str | os.PathLike[str]) -> ClassExport:
         rows = _from_json(path)
     if not rows:
         raise ValueError(f"{path}: the class export holds no submissions")
-    return ClassExport(str(path.name), tuple(rows))
+    pairs = _copy_pairs(path) if path.is_file() and path.suffix.lower() != ".csv" else ()
+    return ClassExport(str(path.name), tuple(rows), pairs)
+
+
+def _copy_pairs(path: Path) -> tuple[tuple[str, str, str, str], ...]:
+    """The copy pairs of a grades.json (`copies`); none where it has none (a malformed entry is skipped)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for pair in (doc.get("copies") or ()) if isinstance(doc, dict) else ():
+        students = pair.get("students") if isinstance(pair, dict) else None
+        if isinstance(students, list) and len(students) == 2:
+            out.append((str(pair.get("lab", "")), str(students[0]), str(students[1]), str(pair.get("why", ""))))
+    return tuple(out)
 
 
 def render_class(export: ClassExport, title: str | None = None) -> Report:
@@ -341,6 +356,11 @@ def render_class(export: ClassExport, title: str | None = None) -> Report:
                     numeric=(3, 4), raw=True)
     else:
         rev = "<p>No submission is inconclusive or flagged.</p>"
+    if export.copies:
+        rev += ("<p>Pairs of submissions whose home measurements one run made (two runs never time alike): both "
+                "are flagged and held for review; nothing was deducted, and the students' pages name no one.</p>"
+                + table(["lab", "student", "student", "what they share"],
+                        [list(pair) for pair in sorted(export.copies)]))
     body.append(section("class-review", "Inconclusive and flagged submissions", rev))
 
     # hardware
