@@ -330,8 +330,9 @@ def unmeasured_note(what: str, setting: str, entries: Iterable[Mapping[str, Any]
 # names the grader's machine and workload (`stamp`): a laptop's gain and a server's differ honestly. The
 # factor is generous on purpose: lab 3's reference in tiny mode, kept at CI 1.21-1.97x in the notebook,
 # re-measured 1.02x (CI 0.84-1.44x), a ratio of 0.84; a record typed in at 1.9x where the grader measures
-# 1.0x (CI 0.95-1.05x) reads 1.8.
-RECORD_CONTRADICTED = 1.3
+# 1.0x (CI 0.95-1.05x) reads 1.8; a loader worker measured on an idle machine and again beside one busy
+# process differs by about 10% (0.97-1.03x against 0.90x), never by half.
+RECORD_CONTRADICTED = 1.5
 
 
 def stamp(baseline: Any, device: Any = None) -> dict[str, Any]:
