@@ -13,9 +13,10 @@ nothing is deducted (a person decides). What is compared:
 * **The same values** (`MIN_SHARED`): a copy, unchanged or with comments and answers reworded. Only a
   value with a measurement's precision counts (`MIN_DIGITS`), so round numbers never meet by chance.
 * **The same shape, rescaled or jittered** (`MIN_CORRELATION`, `SCALE_TOLERANCE`): samples of the same
-  measurement (same kind, key and place in the record) whose logs, each sequence centred on its own mean,
-  move together: a copy multiplied by a constant, or with a little noise added, keeps the classmate's
-  block-to-block pattern, which a second run does not.
+  measurement (same kind and place in the record) whose logs, each sequence centred on its own mean, are
+  the same up to order, or move together: a copy multiplied by a constant, reordered, or with a little
+  noise added keeps the classmate's block-to-block pattern, which a second run does not. What every run
+  shares (a first epoch slower) is taken out where the class shows it (`class_pattern`).
 * **The solution code**, names, comments and docstrings aside, is reported beside a flag, never a flag
   on its own: honest students often write the same short solution.
 
@@ -58,16 +59,18 @@ MIN_DIGITS = 8
 # Two values are the same sample where they agree to this many significant digits (1e-9 relative):
 # a notebook re-saved by Jupyter keeps every digit, and timer noise never repeats at this resolution.
 SAME_DIGITS = 10
-# Distinct samples two submissions must share to be a copy. Two honest runs of each lab's reference
-# shared none of 24 (lab 3) to 400+ (lab 6) samples; a copy that ran one cell again still shares the
-# others' samples, and the smallest record of a lab (lab 5's first call of one mode aside) has more.
+# Distinct samples two submissions must share to be a copy. Two honest tiny-mode runs of each lab's
+# reference shared none of their 26-32 (lab 2), 24 (lab 3), 54 (lab 5) and 48 (lab 6) samples; the fixed-
+# seed losses they share exactly (lab 6's accuracy run: 1.496796727180481 in both) are not samples. A copy
+# that ran one cell again still shares the other cells' samples, each record holding more than this.
 MIN_SHARED = 3
 # Aligned samples (each sequence counted less one, for its own mean) a correlation needs before it flags:
-# below this, two honest sequences correlate strongly by chance too often.
+# of independent runs, r >= 0.95 over 12 is a 5-sigma event (Fisher's z); over 4 it is not rare.
 MIN_ALIGNED = 12
 # Correlation of the centred log samples above which a pair is one run, rescaled or jittered. Two honest
-# runs of each lab correlated at most 0.6 (fixtures); a copy with 1% noise added on samples whose own
-# block-to-block spread is a few percent stays above 0.97.
+# runs correlated at 0.06 (lab 3, 18 aligned samples), -0.04 (lab 5, 46) and -0.44 (lab 6, 44); a copy
+# with 2% noise added kept r >= 0.988 (lab 3, 20 draws) and 0.989 (lab 6), with 5% 0.92-0.94: the runs'
+# own spread there was 13-17% (a loaded 2-core host). Noise near the runs' own spread hides a copy.
 MIN_CORRELATION = 0.95
 # Submissions a class pattern (what all runs of a lab share at each position of a sequence) is estimated
 # from before it is taken out: from fewer, a median is mostly the pair's own noise.
@@ -81,6 +84,15 @@ MIN_STATEMENT_NODES = 12
 # What a student's feedback says of a held submission (never whom it matched).
 HELD_NOTE = ("this submission is held for an instructor's review before its grade is final (nothing has been "
              "deducted)")
+# The place of a sequence across a table's settings (lab 2's throughput against worker count).
+ACROSS = "[settings]"
+# Sequences whose samples repeat one measurement in interleaved, primed blocks (a comparison's sides, a
+# compile's steady calls, lab 6's rounds): their order is noise, so two runs' correlate only by copying
+# (two honest lab 3 runs: r = 0.06). Any other sequence has a shape every run shares (throughput against
+# worker count, a first epoch that starts the workers: two honest lab 2 runs correlate at 0.93 over 4
+# epoch starts), and is correlated only beside the class's (`class_pattern`).
+REPEATED = frozenset({"a_times", "b_times", "steady", "times"})
+REPEATED_KINDS = frozenset({"lab06.chain"})
 # Each flag line this module writes starts so (a later review replaces them all).
 FLAG_PREFIX = "copies: "
 # What formgrader's comment shows for those lines: nbgrader's feedback renders it for the student, who is
@@ -122,6 +134,7 @@ class Pair:
     correlation: float | None
     rescaled: bool  # the same samples up to one scale, in any order
     code: tuple[int, int]  # (statements of the smaller solution the other also wrote, its statements)
+    matched: int = 0  # aligned samples compared up to one scale (`aligned` and the tables' settings)
 
     def why(self) -> str:
         """What the two share, in words."""
@@ -129,7 +142,7 @@ class Pair:
         if self.shared:
             parts.append(f"{self.shared} identical raw timing sample(s)")
         if self.rescaled:
-            parts.append(f"{self.aligned} aligned timing samples the same up to one scale, in any order")
+            parts.append(f"{self.matched} aligned timing samples the same up to one scale, in any order")
         elif self.correlation is not None and self.correlation >= MIN_CORRELATION:
             parts.append(f"{self.aligned} aligned timing samples correlated at r={self.correlation:.4f} "
                          "(one run, rescaled or jittered)")
@@ -147,6 +160,7 @@ class Pair:
     def to_dict(self) -> dict[str, Any]:
         return {"lab": self.lab, "students": list(self.students), "shared": self.shared, "aligned": self.aligned,
                 "correlation": self.correlation, "rescaled": self.rescaled, "code": list(self.code),
+                "matched": self.matched,
                 "why": self.why()}
 
 
@@ -181,7 +195,9 @@ def timing_series(entries: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float
 
 
 def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], tuple[float, ...]]]:
-    """(place, measured floats) of every sequence of numbers in `value`, and of every single number."""
+    """(place, measured floats) of every sequence of numbers in `value`, and of every single number. A table
+    of settings (lab 2's [[worker count, samples/s], ...]) is one sequence across its settings, its place
+    ending in `ACROSS`; a setting measured several times is a sequence of its own too."""
     if isinstance(value, Mapping):
         for k, v in value.items():
             if str(k) not in NOT_TIMED_FIELDS:
@@ -189,6 +205,11 @@ def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], 
     elif isinstance(value, (list, tuple)):
         if value and all(_is_number(x) for x in value):
             yield path, tuple(float(x) for x in value if _is_time(x))
+        elif value and all(isinstance(x, (list, tuple)) and len(x) == 2 and _is_number(x[0]) for x in value):
+            yield (*path, ACROSS), tuple(float(x[1]) for x in value if _is_time(x[1]))
+            for i, (_, v) in enumerate(value):
+                if isinstance(v, (list, tuple)):
+                    yield from _walk(v, (*path, str(i)))
         else:
             for i, v in enumerate(value):
                 yield from _walk(v, (*path, str(i)))
@@ -305,7 +326,7 @@ def compare(a: Fingerprint, b: Fingerprint, pattern: Pattern | None = None) -> P
     resid_a: list[float] = []
     resid_b: list[float] = []
     gap = 0.0
-    aligned = 0
+    aligned = matched = 0
     moved = False
     for label, xs in a.series.items():
         ys = b.series.get(label)
@@ -314,18 +335,21 @@ def compare(a: Fingerprint, b: Fingerprint, pattern: Pattern | None = None) -> P
         ca, cb = _centred_logs(xs), _centred_logs(ys)
         gap = max(gap, max(abs(p - q) for p, q in zip(sorted(ca), sorted(cb), strict=True)))
         moved = moved or any(abs(x) > SCALE_TOLERANCE for x in ca)
+        matched += len(xs) - 1
         shape = (pattern or {}).get(label, ())
         if len(shape) == len(xs):
             ca, cb = [p - o for p, o in zip(ca, shape, strict=True)], [q - o for q, o in zip(cb, shape, strict=True)]
+        elif not _repeats(label):
+            continue  # a shape every run shares (worker counts, first epoch and later): not alone
         resid_a += ca
         resid_b += cb
         aligned += len(xs) - 1
     correlation = _pearson(resid_a, resid_b) if aligned else None
-    rescaled = aligned >= MIN_ALIGNED and gap <= SCALE_TOLERANCE and moved
+    rescaled = matched >= MIN_ALIGNED and gap <= SCALE_TOLERANCE and moved
     sa, sb = set(a.statements), set(b.statements)
     code = (len(sa & sb), min(len(sa), len(sb)))
     first, second = sorted((a.student, b.student))
-    return Pair(a.lab, (first, second), shared, aligned, correlation, rescaled, code)
+    return Pair(a.lab, (first, second), shared, aligned, correlation, rescaled, code, matched)
 
 
 def is_copy(pair: Pair) -> bool:
@@ -345,6 +369,12 @@ def copies(fingerprints: Sequence[Fingerprint]) -> list[Pair]:
     pattern = class_pattern([fp for fp in prints if fp.student not in same])
     found = [p if p.shared >= MIN_SHARED or p.rescaled or not pattern else compare(a, b, pattern) for a, b, p in plain]
     return [p for p in found if is_copy(p)]
+
+
+def _repeats(label: str) -> bool:
+    """Whether the sequence `label` names repeats one measurement (`REPEATED`)."""
+    kind, _, path = label.partition(" ")
+    return kind.rsplit("#", 1)[0] in REPEATED_KINDS or bool(REPEATED & set(path.split("/")))
 
 
 def _centred_logs(values: Sequence[float]) -> list[float]:
