@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SIZE ?= small
 export PYTHONUNBUFFERED := 1
 
-.PHONY: bundle profile help setup data test test-fast lint demo bench bench-augment bench-verify bench-mystery bench-decisions bench-grade gpu-check labs labs-check lab sync calibrate report clean
+.PHONY: bundle profile help setup data test test-fast lint demo bench bench-augment bench-verify bench-mystery bench-mystery-ids bench-decisions bench-grade gpu-check labs labs-check lab sync calibrate report clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ bench-verify: setup  ## accuracy study of the speedup-verification protocol (pri
 
 bench-mystery: setup  ## what lab 1's planted bugs cost, and each id's fix re-measured by perflab.verify
 	$(PYTHON) bench/bench_mystery.py
+
+bench-mystery-ids: setup  ## lab 1's reference diagnosis graded under 40 ids x2 covering every bug pair and amount, notebook vs grader savings side by side (an hour or more on 2 cores): make bench-mystery-ids [ARGS="--ids 40 --repeats 2"]
+	$(PYTHON) bench/bench_mystery_ids.py $(ARGS)
 
 gpu-check: setup  ## the kit on a GPU in one call (9 min): env, CUDA tests, calibration, lazy/reference judges, then profiles: make gpu-check [ARGS="--device cpu --mode tiny"]
 	$(PYTHON) bench/gpu_check.py $(ARGS)

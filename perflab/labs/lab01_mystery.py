@@ -378,7 +378,7 @@ PROBES = {
 
 __all__ = ["LineCost", "PIPELINE_FILE", "PROBES", "TRACE_KEYS", "check_diagnosis", "check_fixed",
            "check_trace_answers", "diagnosis_problems", "line_costs", "load_pipeline", "trace_answer_problems",
-           "load_trace", "quick_speedup", "saving", "savings", "trace_events", "trace_summary", "write_pipeline"]
+           "load_trace", "quick_speedup", "saving", "savings", "savings_here", "trace_events", "trace_summary", "write_pipeline"]
 
 
 
@@ -424,16 +424,44 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
     block each (after a warm-up step each), the saving the median over rounds of each round's
     1 - t(copy) / t(planted): a slowdown that lasts a round hits both sides of that round, and one
     that hits a single block moves a single round. Timed on the torch thread count the grader
-    measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in this thread's CPU
-    time: on one torch thread that is the step's work, which other programs and threads sharing the
-    machine do not inflate as they do wall time. The grader measures with this same function. Give
-    it one copy per fix, each with only that fix, to measure each bug alone. In the grader's own measuring
-    process it holds the grading run's timing lock (no other re-measurement runs beside it); in a graded
-    notebook it holds none, since no submission may hold up another's, so CPU time is what keeps a
-    neighbour's work out of the student's reading."""
+    measures the planted bugs at (`perflab.verify.protocol.VERIFY_THREADS`), in the measuring thread's
+    CPU time: on one torch thread that is the step's work, which other programs and threads sharing the
+    machine do not inflate as they do wall time. Give it one copy per fix, each with only that fix, to
+    measure each bug alone.
+
+    It measures in a process of its own (`perflab.labs.measuring_server`: a fork of a server that
+    imported torch and ran no torch op), the very kind the grader measures in, so what this notebook's
+    earlier cells left behind (torch's thread pool, a grown allocator, a profiler still on) is not in
+    the reading. In the grader's measuring process it holds the grading run's timing lock (no other
+    re-measurement runs beside it); in a graded notebook it holds none, since no submission may hold
+    up another's, so CPU time is what keeps a neighbour's work out of the student's reading."""
+    from perflab.labs import measuring_server
+
+    paths = [str(Path(path).resolve()) for path in (planted, *fixed)]
+    got = measuring_server.call(f"{__name__}:savings_here", {"planted": paths[0], "fixed": paths[1:], "steps": steps,
+                                                            "rounds": rounds, "seed": seed}, SAVINGS_TIMEOUT_S)
+    saved = [float(value) for value in got["savings"]]
+    MEASURED_STATE.clear()
+    MEASURED_STATE.update(got["state"])
+    _remember(planted, fixed, saved)
+    return saved
+
+
+# How long one `savings` call may take in its measuring process (a few copies of a pipeline: a minute).
+SAVINGS_TIMEOUT_S = 1800.0
+# The state the last `savings` of this process measured in (`measuring_server.measuring_state`).
+MEASURED_STATE: dict[str, Any] = {}
+
+
+def savings_here(planted: str, fixed: list[str], steps: int = 1, rounds: int = SAVING_ROUNDS,
+                 seed: int = 0) -> dict[str, Any]:
+    """`savings` measured in this process, which is the measuring process (`measuring_server`): {"savings":
+    what each copy saves, "state": the process's state as the timing started}. Not for a notebook: there,
+    the state of the kernel would be in the reading."""
     import torch
 
     from perflab.grading.timelock import timed_section
+    from perflab.labs.measuring_server import measuring_state
     from perflab.verify.protocol import VERIFY_THREADS
 
     threads = torch.get_num_threads()
@@ -444,6 +472,7 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
             sides = [load_pipeline(path).make_step(seed) for path in (planted, *fixed)]
             for step in sides:
                 step()
+            state = measuring_state()
             times: list[list[float]] = [[] for _ in sides]
             order = list(range(len(sides)))
             for r in range(rounds):
@@ -456,8 +485,7 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
         torch.set_num_threads(threads)
     saved = [statistics.median(1.0 - t / base for t, base in zip(copy, times[0], strict=True))
              for copy in times[1:]]
-    _remember(planted, fixed, saved)
-    return saved
+    return {"savings": saved, "state": state}
 
 
 def changed_lines(planted: str, copy: str) -> list[int]:
