@@ -10,8 +10,10 @@ copy of each real lab's executed reference.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
+import io
 import json
 import math
 import random
@@ -23,6 +25,7 @@ import labs_helpers as H
 import nbformat
 import pytest
 
+from perflab.cli import main
 from perflab.grading import copies, export, nbgrader_api, pipeline, sandbox
 from perflab.grading.state import State
 from perflab.labs import homework
@@ -145,6 +148,10 @@ def test_status_export_class_report_and_formgrader_list_the_pairs(course, tmp_pa
     c = course["course"]
     status = export.status(c)
     assert "lab00_fixture:ann~ben" in status["copies"] and "cy" not in " ".join(status["copies"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["grade", "status", "--course", str(c)]) == 0
+    assert "copy pair  lab00_fixture: ann ~ ben (24 identical raw timing sample(s)" in printed.getvalue()
     assert {"lab00_fixture/ann", "lab00_fixture/ben"} <= set(status["flagged"])
     doc = json.loads((c / "export" / "grades.json").read_text(encoding="utf-8"))
     assert {tuple(p["students"]) for p in doc["copies"]} >= {("ann", "ben")}
