@@ -250,3 +250,95 @@ def test_loader_configurations_are_compared_at_their_loaders_pace() -> None:
     best = base.replace(num_workers=2, persistent_workers=True)
     assert lab02_measure.loader_pace(base, best, 1) == {"block_size": pace.min_block_steps(4), "lead_in": (0, pace.lead_in(4))}
     assert lab02_measure.loader_pace(base, base, 2) == {"block_size": 2, "lead_in": (0, 0)}
+
+
+# ---------------------------------------------------------------------------------------------
+# make_augment: the judge reads each image's crop, flip and colour back, so a right kornia pipeline passes on
+# any case and the usual wrong ones fail with the line that names what is wrong
+
+
+def kornia_augment(crop, *, scale=(0.6, 1.0), flip=0.5, jitter_p=0.8, hue=0.0, same_on_batch=False, normalize=True):
+    import kornia.augmentation as K
+
+    from perflab.dataset import MEAN, STD
+
+    ops = [K.RandomResizedCrop((crop, crop), scale=scale, same_on_batch=same_on_batch),
+           K.RandomHorizontalFlip(p=flip, same_on_batch=same_on_batch),
+           K.ColorJitter(0.2, 0.2, 0.2, hue, p=jitter_p, same_on_batch=same_on_batch)]
+    if normalize:
+        ops.append(K.Normalize(mean=torch.tensor(MEAN), std=torch.tensor(STD)))
+    return K.AugmentationSequential(*ops)
+
+
+def augment_problems(make_augment, seed: int) -> list[str]:
+    from perflab.labs import lab02_augment
+
+    case = lab02_augment.augment_case(seed)
+    return lab02_augment.augment_problems(lab02_augment.observe_augment(make_augment, case), case)
+
+
+def test_a_kornia_pipeline_passes_on_every_case() -> None:
+    from perflab.labs import lab02_augment
+
+    lab02_augment.check_augment(kornia_augment)
+    for seed in (1, 2, 3):
+        hidden02.check("test_make_augment_hidden", {"make_augment": kornia_augment}, seed=seed)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (dict(scale=(0.08, 1.0)), "outside RandomResizedCrop's scale"),
+    (dict(flip=0.0), "mirrored left to right"),
+    (dict(jitter_p=1.0), "as it was with probability 0.2"),
+    (dict(normalize=False), "Normalize comes last"),
+    (dict(hue=0.1), "not a crop of its input"),
+    (dict(same_on_batch=True), "mirrored left to right"),
+])
+def test_wrong_pipelines_fail_with_what_is_wrong(wrong: dict, says: str) -> None:
+    problems = augment_problems(lambda crop: kornia_augment(crop, **wrong), seed=4)
+    assert problems and says in problems[0], problems
+
+
+def test_an_augmentation_that_is_no_kornia_pipeline_or_keeps_a_fixed_draw_fails() -> None:
+    import kornia.augmentation as K
+
+    def resized(crop):  # every image whole, resized: the same shape every time
+        return K.AugmentationSequential(K.Resize((crop, crop)), K.RandomHorizontalFlip(),
+                                        K.ColorJitter(0.2, 0.2, 0.2, 0.0, p=0.8))
+
+    class Reseeded(torch.nn.Module):  # one draw, repeated every call
+        def __init__(self, crop):
+            super().__init__()
+            self.pipeline = kornia_augment(crop)
+
+        def forward(self, images):
+            torch.manual_seed(0)
+            return self.pipeline(images)
+
+    def by_hand(crop):  # right shape, not kornia
+        return lambda images: torch.nn.functional.interpolate(images, size=(crop, crop))
+
+    assert "cropped to the same shape" in augment_problems(resized, seed=5)[0]
+    assert "two calls on the same batch gave the same images" in augment_problems(Reseeded, seed=5)[0]
+    assert "kornia.augmentation" in augment_problems(by_hand, seed=5)[0]
+    with pytest.raises(AssertionError, match="kornia"):
+        hidden02.check("test_make_augment_hidden", {"make_augment": by_hand}, seed=5)
+
+
+def test_a_pipeline_that_moves_the_batch_or_changes_its_type_fails() -> None:
+    from perflab.labs import lab02_augment
+
+    case = lab02_augment.augment_case(6)
+    observed = lab02_augment.observe_augment(kornia_augment, case)
+    moved = dict(observed, device="cuda")  # the batch on a GPU, the images back on the CPU
+    assert "augment on the batch's own device" in lab02_augment.augment_problems(moved, case)[0]
+
+    class Halved(torch.nn.Module):
+        def __init__(self, crop):
+            super().__init__()
+            self.pipeline = kornia_augment(crop)
+
+        def forward(self, images):
+            return self.pipeline(images).half()
+
+    halved = lab02_augment.observe_augment(Halved, case)
+    assert "expected float32" in lab02_augment.augment_problems(halved, case)[0]

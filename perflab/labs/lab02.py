@@ -1,6 +1,6 @@
 """Lab 2 — Feed the model: the one contract between the notebook, its tests and the grader.
 
-The student writes four things in `solutions/lab02_feed` (the notebook); the tests call nothing else:
+The student writes five things in `solutions/lab02_feed` (the notebook); the tests call nothing else:
 
     make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False,
                 persistent_workers=False, prefetch_factor=None) -> Iterable
@@ -33,10 +33,22 @@ The student writes four things in `solutions/lab02_feed` (the notebook); the tes
         One line (at least three words) of why the notebook's measurements make BEST the loader: a
         person reads it; without one the re-measured cell earns half (`predict.with_reason`).
 
-    PREDICT_WORKERS, WHY_WORKERS; PREDICT_CROWDED, WHY_CROWDED (PREDICTIONS)
-        Written before the sweep and before the crowded-threads run: a positive number (the training
-        speedup of workers over none) and one line of why. Graded on being there, never on being right
-        (`perflab.labs.predict`).
+    make_augment(crop) -> nn.Module
+        The augmentation on the device, built from `kornia.augmentation` (e.g. `AugmentationSequential`):
+        called on float images in [0, 1], (n, 3, H, W) on any device, it returns (n, 3, crop, crop) float32
+        on the same device, the model's normalised input. Each image, on its own: a random resized crop to
+        `crop` (area a share of the picture in CROP_SCALE, width/height ratio in CROP_RATIO), a left-right
+        flip with probability FLIP_P, colour jitter (brightness, contrast and saturation factors in
+        [1 - JITTER, 1 + JITTER], no hue) with probability JITTER_P, then `Normalize(MEAN, STD)`
+        (`perflab.device_augment`'s constants and `perflab.dataset`'s MEAN and STD: the kit's batched
+        `DeviceAugment` draws the same distribution). Each call draws anew. Checked in
+        `perflab.labs.lab02_augment`.
+
+    PREDICT_WORKERS, WHY_WORKERS; PREDICT_CROWDED, WHY_CROWDED; PREDICT_AUGMENT, WHY_AUGMENT (PREDICTIONS)
+        Written before the sweep, before the crowded-threads run and before the augmentations are timed: a
+        positive number (the training speedup of workers over none; the kit's `DeviceAugment` per batch
+        against the student's kornia pipeline) and one line of why. Graded on being there, never on being
+        right (`perflab.labs.predict`).
 
 This module holds what the tests and the grader share: `DataWait`, the sizes of each mode, the
 baseline, small deterministic fixtures (`IndexData`, `FakeClock`, `ScriptedBatches`, `scripted_step`),
@@ -46,12 +58,12 @@ answer.
 Elsewhere, each importing this module and never imported by it: the checks the visible tests call
 (`loader_problems`, `order_problems`, `check_best`) with their machinery and the grader's cases in
 `perflab.labs.lab02_checks`; the notebook's timing helper `loader_pace` in
-`perflab.labs.lab02_measure`; `PROBES`, what the grader reads from a notebook, in
-`perflab.labs.lab02_probes` (answered here too: the grader looks for it here). The hidden tests'
-checks (random cases drawn from a seed, AssertionError on the first problem) and the answer key
-(`reference_best`, the loader calibration times) live in the grader-only
-`perflab/labs/hidden/lab02.py`. Names that moved out of this module are answered from their new home
-(`MOVED`), for a notebook released before.
+`perflab.labs.lab02_measure`; `make_augment`'s cases and checks in `perflab.labs.lab02_augment`;
+`PROBES`, what the grader reads from a notebook, in `perflab.labs.lab02_probes` (answered here too:
+the grader looks for it here). The hidden tests' checks (random cases drawn from a seed,
+AssertionError on the first problem) and the answer key (`reference_best`, the loader calibration
+times) live in the grader-only `perflab/labs/hidden/lab02.py`. Names that moved out of this module
+are answered from their new home (`MOVED`), for a notebook released before.
 """
 
 from __future__ import annotations
@@ -83,8 +95,8 @@ LAB = "lab02_feed"
 # grading machine.
 EXPECTATION = "num_workers"
 # The knobs BEST may change: they change how samples reach the model, never which samples or how
-# they are augmented. `gpu_augment` is left out on purpose: kornia on the device draws other random
-# flips and jitters than torchvision on the CPU, so losses cannot be compared step for step.
+# they are augmented. `gpu_augment` is left out on purpose: the augmentation on the device draws other
+# random flips and jitters than torchvision on the CPU, so losses cannot be compared step for step.
 LOADER_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 # Throughputs within this fraction of the best count as "as fast" when choosing a worker count:
 # run-to-run noise of a loader sweep on a busy laptop is a few percent.
@@ -348,7 +360,8 @@ def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None 
 
 # The predictions written before a headline measurement, by the key of their graded cell
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
-PREDICTIONS = {"workers": ("PREDICT_WORKERS", "WHY_WORKERS"), "crowded": ("PREDICT_CROWDED", "WHY_CROWDED")}
+PREDICTIONS = {"workers": ("PREDICT_WORKERS", "WHY_WORKERS"), "crowded": ("PREDICT_CROWDED", "WHY_CROWDED"),
+               "augment": ("PREDICT_AUGMENT", "WHY_AUGMENT")}
 
 
 # ---------------------------------------------------------------------------------------------

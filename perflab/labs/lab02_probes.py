@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from perflab import env
 from perflab.grading.probing import encode, outcome
 from perflab.labs import predict
 from perflab.labs.lab02 import PREDICTIONS
+from perflab.labs.lab02_augment import VISIBLE_AUGMENT_CASE, augment_case, observe_augment
 from perflab.labs.lab02_checks import (
     DATA_WAIT_BAD_STEPS,
     PICK_WORKERS_BAD,
@@ -78,6 +80,11 @@ def _probe_pick_workers(answers: Any, seed: int) -> dict[str, Any]:
     return {"picked": picked, "bad": [outcome(fn, dict(bad)) for bad in PICK_WORKERS_BAD]}
 
 
+def _probe_augment(answers: Any, seed: int, visible: bool) -> dict[str, Any]:
+    case = VISIBLE_AUGMENT_CASE if visible else augment_case(seed)
+    return observe_augment(answers["make_augment"], case, env.pick_device())
+
+
 def _probe_best(answers: Any, seed: int) -> dict[str, Any]:
     best = answers["BEST"]
     config = best.to_dict() if isinstance(best, TrainConfig) else None
@@ -92,6 +99,8 @@ PROBES = {
     "test_measure_data_wait_visible": lambda answers, seed: _probe_data_wait(answers, seed, True),
     "test_measure_data_wait_hidden": lambda answers, seed: _probe_data_wait(answers, seed, False),
     "test_pick_workers": _probe_pick_workers,
+    "test_make_augment_visible": lambda answers, seed: _probe_augment(answers, seed, True),
+    "test_make_augment_hidden": lambda answers, seed: _probe_augment(answers, seed, False),
     "test_best_samples": _probe_best,
     "test_best_verified": _probe_best,
     **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},

@@ -25,10 +25,11 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 26 |
+# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 18 |
 # | `measure_data_wait(batches, step, steps, *, clock=time.perf_counter) -> DataWait` | wall-clock seconds of `iter(batches)`, of each `next(it)` and of each `step(batch)`, and each batch's size | 15 |
-# | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 10 |
-# | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 4 |
+# | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 8 |
+# | `make_augment(crop)` | a `kornia.augmentation` pipeline: a batch of images in [0, 1] on any device to the model's normalised input, each image with a random resized crop, flip and colour jitter of its own | 8 |
+# | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED`; `PREDICT_AUGMENT`, `WHY_AUGMENT` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 6 |
 # | `BEST` | your fastest loader, as `BASELINE.replace(...)` of loader knobs only; it must consume the baseline's samples | 10 |
 # | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware; half without `WHY_BEST`, one line of why | 15 |
 # | four written answers | reasoning from your own measurements | 20 |
@@ -102,7 +103,7 @@ print(f"\ndata-wait share of a step: {BEFORE.share('data'):.1%} (dominant phase:
 
 
 # %% [markdown]
-# ## 2. A loader you can trust (26 points)
+# ## 2. A loader you can trust (18 points)
 #
 # Before making a loader fast, make it right. A loader that silently drops the ragged last batch,
 # repeats a sample, or changes the order when you add workers makes every later comparison
@@ -143,14 +144,14 @@ def make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False,
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_make_loader_visible", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_make_loader_visible", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Every sample once per epoch, full batches then a ragged last one (IndexData(i) yields (tensor([i, i]), i)).
 for args in [(20, 4, 0), (23, 5, 0), (23, 5, 2), (3, 8, 0)]:
     problems = lab02_checks.loader_problems(make_loader, *args)
     assert not problems, problems[0]
 print("make_loader: every sample exactly once per epoch, ragged last batch kept")
 
-# %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random data set sizes, batch sizes (a ragged last batch) and worker counts, and the options.
 ### BEGIN HIDDEN TESTS
 from perflab.labs.hidden import lab02 as hidden02
@@ -158,7 +159,7 @@ hidden02.check("test_make_loader_random", globals())
 ### END HIDDEN TESTS
 print("make_loader: randomised sizes, batches and worker counts")
 
-# %% nbgrader={"grade": true, "grade_id": "test_make_loader_order", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_make_loader_order", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # The order: shuffled, new each epoch, set by the seed, and the same for every loader setting.
 problems = lab02_checks.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
 assert not problems, problems[0]
@@ -267,7 +268,7 @@ baseline_wait = measure_data_wait(make_loader(DATA, S.batch_size, 0, seed=0), tr
 print("baseline loader:", baseline_wait.describe(skip=1))
 
 # %% [markdown]
-# ## 4. How many workers? (14 points)
+# ## 4. How many workers? (12 points)
 #
 # With `num_workers=n` the loader starts `n` processes; each builds whole batches and queues them,
 # so decoding can run *while* the model trains. Two sweeps, both timed on the wall clock including
@@ -407,7 +408,7 @@ def pick_workers(sweep, tolerance=lab02.DEFAULT_TOLERANCE):
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_pick_workers", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_pick_workers", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 assert pick_workers({0: 100.0, 1: 180.0, 2: 200.0, 4: 205.0}) == 2
 assert pick_workers({0: 100.0, 1: 99.0, 2: 60.0}) == 0
 assert pick_workers({4: 50.0, 2: 50.0}) == 2
@@ -586,14 +587,135 @@ CHOSEN_PREFETCH = pick_workers(prefetch_sweep)  # the fewest batches in flight t
 print(f"prefetch_factor kept: {CHOSEN_PREFETCH}")
 
 # %% [markdown]
-# ## 7. Augmentation on the device
+# ## 7. Augmentation on the device (10 points)
 #
 # Once workers hide the decode, the CPU side of the loader is mostly augmentation: crop, flip,
 # colour jitter, normalise, each a pass over every pixel on a CPU core. On a GPU those passes cost
-# next to nothing. `TrainConfig(gpu_augment=True)` keeps only the random crop on the CPU (it makes
-# every image the same size), ships uint8 images (4x fewer bytes than float32) and runs flip, jitter
-# and normalisation on the device, batched (`perflab.device_augment`: one sampling op for the whole
-# batch, the jitter as per-image factors), seeded per step. Its time shows as the `augment` phase.
+# next to nothing, provided they run on whole batches. The library for that is kornia:
+# `kornia.augmentation` holds the transforms you know from torchvision, written for batches of tensors
+# on any device, each image drawing its own parameters.
+#
+# Write `make_augment(crop)`: a kornia pipeline (`kornia.augmentation.AugmentationSequential`) that
+# takes a batch of float images in [0, 1], `(n, 3, H, W)` on any device, and returns the model's input,
+# `(n, 3, crop, crop)` float32 on the same device:
+#
+# * `RandomResizedCrop((crop, crop), scale=CROP_SCALE, ratio=CROP_RATIO)`;
+# * `RandomHorizontalFlip(p=FLIP_P)`;
+# * `ColorJitter(JITTER, JITTER, JITTER, 0.0, p=JITTER_P)`: brightness, contrast and saturation, no hue;
+# * `Normalize(mean=MEAN, std=STD)`, last.
+#
+# These are the CPU pipeline's crop, flip and jitter (`perflab.dataset.train_transform`), with the
+# jitter left out for a fifth of the images, as the kit's own device augmentation does
+# (`perflab.device_augment`, which defines the constants). Every image draws its own crop, flip and
+# factors, and every call draws anew. The tests feed it pictures whose pixels say where they came from
+# (colour ramps) and flat colours, and read each image's flip, crop and colour factors back from what it
+# returns (`perflab.labs.lab02_augment`).
+
+# %%
+import itertools
+
+import kornia.augmentation as K
+
+from perflab.dataset import MEAN, STD
+from perflab.device_augment import CROP_RATIO, CROP_SCALE, FLIP_P, JITTER, JITTER_P, DeviceAugment
+from perflab.labs import lab02_augment
+
+
+# %% nbgrader={"grade": false, "grade_id": "make_augment", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def make_augment(crop):
+    """A kornia pipeline: float images in [0, 1], (n, 3, H, W), to the model's normalised (n, 3, crop, crop)."""
+    ### BEGIN SOLUTION
+    return K.AugmentationSequential(
+        K.RandomResizedCrop((crop, crop), scale=CROP_SCALE, ratio=CROP_RATIO),
+        K.RandomHorizontalFlip(p=FLIP_P),
+        K.ColorJitter(JITTER, JITTER, JITTER, 0.0, p=JITTER_P),
+        K.Normalize(mean=torch.tensor(MEAN), std=torch.tensor(STD)),
+    )
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_make_augment_visible", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# 64 copies of a colour-ramp picture and 128 of a flat colour, augmented on DEVICE: the output's shape, dtype
+# and device; each image's flip, crop shape and area, and colour factors, read back from its pixels.
+lab02_augment.check_augment(make_augment, DEVICE)
+print(f"make_augment: a crop, flip and colour jitter of its own for every image, on {DEVICE.type}")
+
+# %% nbgrader={"grade": true, "grade_id": "test_make_augment_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+# Hidden tests: pictures of other sizes (not always square), other ramps and colours, another crop size.
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check("test_make_augment_hidden", globals())
+### END HIDDEN TESTS
+print("make_augment: randomised pictures, crops and colours")
+
+# %% [markdown]
+# The kit has a batched form of the same augmentation, `perflab.device_augment.DeviceAugment`: it draws
+# every image's box, flip and factors in one call, samples all the boxes in one `grid_sample` over the
+# batch and jitters with per-image factors in whole-batch arithmetic. kornia's `RandomResizedCrop`
+# cuts each image's box out with a slice and a resize of its own. The next cell times the two on
+# this machine's device, a batch at a time, in interleaved blocks (`timing.compare`), and sets each
+# beside a training step's compute from section 1.
+#
+# **Predict first (2 points).** How many times faster per batch will `DeviceAugment` be than your
+# pipeline here (`PREDICT_AUGMENT`; 1.0 means as fast, below 1.0 slower), and why (`WHY_AUGMENT`, one
+# line)? Think about what an operation per image costs on a CPU (the work done once, nothing to
+# launch) and on a GPU (a kernel launch per image, each on a small image). Graded on being written,
+# never on being right.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_augment", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICT_AUGMENT = 1.5
+WHY_AUGMENT = "kornia crops image by image while the kit samples the whole batch in one grid_sample"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_augment", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Graded on being written (a number and a line of why), never on being right.
+predict.check("PREDICT_AUGMENT", PREDICT_AUGMENT, "WHY_AUGMENT", WHY_AUGMENT)
+### BEGIN HIDDEN TESTS
+from perflab.labs.hidden import lab02 as hidden02
+hidden02.check("test_predict_augment", globals())
+### END HIDDEN TESTS
+print("prediction written: PREDICT_AUGMENT =", PREDICT_AUGMENT)
+
+
+# %%
+def time_augment(batch_size, crop):
+    """Your pipeline (A) against DeviceAugment (B) on DEVICE: each call augments a batch of uint8 squares a
+    little larger than `crop` (as a set kept on the device holds them), converted to floats in [0, 1]."""
+    side = crop * 8 // 7
+    images = torch.randint(0, 256, (batch_size, 3, side, side), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    yours, kit, steps = make_augment(crop).to(DEVICE), DeviceAugment(0, crop).to(DEVICE), itertools.count()
+    return timing.compare(lambda: yours(images.float().div_(255)), lambda: kit(images.float().div_(255), next(steps)),
+                          blocks=S.compare_blocks, block_size=S.compare_block_size, warmup=2, device=DEVICE,
+                          labels=("your kornia pipeline", "DeviceAugment"))
+
+
+AUGMENT = time_augment(S.batch_size, S.image_size)
+print(AUGMENT)
+print(predict.beside("DeviceAugment against your kornia pipeline, per batch", globals().get("PREDICT_AUGMENT"),
+                     AUGMENT.speedup))
+step_compute = BEFORE.total - BEFORE.seconds.get("data", 0.0)  # forward, backward, optimizer: no data wait
+for name, seconds in (("your kornia pipeline", AUGMENT.a_per_call), ("DeviceAugment", AUGMENT.b_per_call)):
+    print(f"{name:>20}: {seconds * 1e3:7.2f} ms a batch of {S.batch_size}, {seconds / step_compute:6.1%} of a "
+          f"training step's compute ({step_compute * 1e3:.1f} ms)")
+AUGMENT_RULE = common.keep_rule(AUGMENT.ci())
+if AUGMENT_RULE.keep:
+    print("decided: DeviceAugment, measurably faster than your pipeline here; the kit's loop trains with it")
+elif AUGMENT_RULE.finding == common.SLOWER:
+    print("decided: your kornia pipeline, measurably faster than DeviceAugment here: on this machine, train with it")
+else:
+    print("decided: no difference detected here, so either would do; the kit's loop keeps DeviceAugment")
+
+# %% [markdown]
+# The kit's training loop augments on the device with `DeviceAugment` (`TrainConfig(gpu_augment=True)`):
+# it measured faster than kornia's per-image pipeline where the kit was timed (`make bench-augment`,
+# which also times kornia's batched crop), so the kit keeps it where that holds. Your comparison says
+# whether it holds on this machine, and your table says how much of a step either costs.
+#
+# `gpu_augment=True` keeps only the random crop on the CPU (it makes every image the same size), ships
+# uint8 images (4x fewer bytes than float32) and runs flip, jitter and normalisation on the device,
+# seeded per step. Its time shows as the `augment` phase of the cell below.
 #
 # JPEG decoding itself can move too: `torchvision.io.decode_jpeg(data, device="cuda")` decodes on
 # the GPU with nvJPEG, taking a list of encoded files so a whole batch decodes at once. The workers
@@ -606,12 +728,12 @@ print(f"prefetch_factor kept: {CHOSEN_PREFETCH}")
 # the same CPU cores and only move work between processes, so the cell does not measure it.
 
 # %%
-gpu_augment = None
+gpu_augment = {"per_batch": AUGMENT.as_speedup("DeviceAugment against your kornia pipeline")}
 if DEVICE.type == "cuda":
     fed = BASELINE.replace(num_workers=train_workers, persistent_workers=True, pin_memory=True)
     on_cpu = phases.measure_phases(fed, steps=S.phase_steps)
     on_gpu = phases.measure_phases(fed.replace(gpu_augment=True), steps=S.phase_steps)
-    gpu_augment = {"cpu_augment": on_cpu.seconds, "gpu_augment": on_gpu.seconds}
+    gpu_augment.update(cpu_augment=on_cpu.seconds, gpu_augment=on_gpu.seconds)
     print("augmentation on the CPU workers:\n" + on_cpu.table())
     print("\naugmentation on the GPU:\n" + on_gpu.table())
 else:
@@ -634,7 +756,9 @@ else:
 # CI still straddles the bar, it judges your decision by that same rule. While one side of such a comparison runs, the other's
 # workers fill their queue; a short block would then read those batches at no cost, so loader
 # configurations are compared in blocks long enough, each after its queue is drained
-# (`lab02_measure.loader_pace`). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
+# (`lab02_measure.loader_pace`; `lab02_measure.compare_loaders(BASELINE, candidate, S)` does all of it and
+# keeps its figures in the cell's output, so the autograder's run of your cell decides from the same
+# figures). If nothing beats the baseline here, `BEST = BASELINE` is the correct answer.
 # Beside it, set `WHY_BEST` to one line of why your measurements make it your loader (which
 # figures, and what they showed): a person reads it, and a decision without one earns half of its
 # re-measured cell.
@@ -653,11 +777,7 @@ _chosen = pick_workers(train_sweep)
 if _chosen > 0:
     _candidate = BASELINE.replace(num_workers=_chosen, persistent_workers=True, prefetch_factor=CHOSEN_PREFETCH,
                                   pin_memory=DEVICE.type == "cuda")
-    _a, _b = workload.build(BASELINE), workload.build(_candidate)
-    _check = timing.compare(lambda: workload.train_step(_a), lambda: workload.train_step(_b),
-                            blocks=S.compare_blocks, **lab02_measure.loader_pace(BASELINE, _candidate, S.compare_block_size))
-    _a.close()
-    _b.close()
+    _check = lab02_measure.compare_loaders(BASELINE, _candidate, S)  # recorded here, replayed when graded
     print(_check)
     _ci = _check.ci()
     _rule = common.keep_rule(_ci)

@@ -19,6 +19,7 @@ from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab02, lab02_checks, predict
 from perflab.labs.lab02 import DEFAULT_TOLERANCE
+from perflab.labs.lab02_augment import VISIBLE_AUGMENT_CASE, augment_case, augment_problems
 from perflab.labs.lab02_checks import (
     DATA_WAIT_BAD_STEPS,
     PICK_WORKERS_BAD,
@@ -145,6 +146,18 @@ def judge_pick_workers(observed: Any, ctx: Context) -> None:
         assert got.get("raised") == "ValueError", f"pick_workers({bad}) should raise ValueError, got {got}"
 
 
+def judge_augment_visible(observed: Any, ctx: Context) -> None:
+    problems = augment_problems(observed, VISIBLE_AUGMENT_CASE)
+    assert not problems, problems[0]
+
+
+def judge_augment_hidden(observed: Any, ctx: Context) -> None:
+    """The student's kornia pipeline on a picture of another size and other colours, with rising or falling
+    ramps (`lab02_augment.augment_case`): per-image crops, flips and jitter on the batch's device."""
+    problems = augment_problems(observed, augment_case(ctx.seed))
+    assert not problems, problems[0]
+
+
 def exported_best(observed: Any, ctx: Context) -> TrainConfig:
     """BEST as the notebook exported it, rebuilt here from its fields (a non-TrainConfig fails)."""
     assert isinstance(observed, dict), "BEST could not be read"
@@ -211,6 +224,8 @@ JUDGES = {
     "test_measure_data_wait_visible": judge_data_wait_visible,
     "test_measure_data_wait_hidden": judge_data_wait_hidden,
     "test_pick_workers": judge_pick_workers,
+    "test_make_augment_visible": judge_augment_visible,
+    "test_make_augment_hidden": judge_augment_hidden,
     "test_best_samples": judge_best_samples,
     "test_best_verified": judge_best_verified,
     **{f"test_predict_{key}": predict.judger(name, why) for key, (name, why) in lab02.PREDICTIONS.items()},
