@@ -6,13 +6,13 @@ Picks `--ids` fresh ids by enumerating draws (`perflab.mystery._plan` and `_amou
 together they hold every pair of the catalogue's bugs, every pair of (bug, dose), and every bug at every
 amount it can draw (`catalogue.AMOUNTS`), then as many pairs of (bug, dose, amount) as the count
 allows; the first id holds the held-out pairing (the accuracy bug on 8 images beside the histograms
-and the per-step `append` of the batch). Each id is graded `--repeats` times, one pass over all ids
-after another, so an id's two gradings are far apart in time:
+and the per-step `append` of the batch). Each id is graded `--repeats` times:
 
 1. the notebook's side: the solution's part 10 (the reference investigation, from `MY_ID` to the
    diagnosis's grade cell, its hidden blocks left out) runs in a fresh interpreter, as a grading
    kernel runs it, and its diagnosis probe's observation comes back (findings and the log of what
-   `lab01_mystery.savings` measured);
+   `lab01_mystery.savings` measured); for each further grading the same interpreter measures the
+   savings of its copies again as the cell does (the lines found do not vary, the savings do);
 2. the grader's side: lab 1's diagnosis judge (`perflab.labs.hidden.mystery.judge_diagnosis`) judges
    that observation in this process, measuring the savings through its savings server.
 
@@ -103,8 +103,11 @@ def choose_ids(count: int) -> list[str]:
 # The notebook's side (a fresh interpreter, as a grading kernel)
 
 
-def notebook_side(student: str, mode: str) -> dict[str, Any]:
-    """Run part 10 of the solution up to the diagnosis's grade cell here; its diagnosis observation."""
+def notebook_side(student: str, mode: str, repeats: int) -> list[dict[str, Any]]:
+    """Run part 10 of the solution up to the diagnosis's grade cell here, then measure its savings again
+    `repeats - 1` times as its investigation cell does (`lab01_mystery.savings` of its copies, each
+    finding's `saves` that reading rounded, the log holding only that reading); each time, the diagnosis
+    probe's observation. The lines the investigation finds do not vary; what varies is measured again."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,21 +121,32 @@ def notebook_side(student: str, mode: str) -> dict[str, Any]:
     stop = next(i for i, c in enumerate(cells)
                 if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "mystery_diagnosis")
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    started = time.perf_counter()
+    probe = {"mystery_diagnosis": lab01_mystery.PROBES["mystery_diagnosis"]}
+    out = []
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(cells[0].source.replace("common.setup_notebook()", ""), "setup", "exec"), namespace)
-        for cell in cells[start:stop + 1]:
-            exec(compile(HIDDEN.sub("", re.sub(r"(?m)^%.*$", "", cell.source)), "cell", "exec"), namespace)
-        observations = run_probes({"mystery_diagnosis": lab01_mystery.PROBES["mystery_diagnosis"]}, namespace, 0)
-    return {"observations": observations, "state": dict(lab01_mystery.MEASURED_STATE),
-            "seconds": time.perf_counter() - started}
+        for repeat in range(repeats):
+            started = time.perf_counter()
+            if repeat == 0:
+                for cell in cells[start:stop + 1]:
+                    exec(compile(HIDDEN.sub("", re.sub(r"(?m)^%.*$", "", cell.source)), "cell", "exec"), namespace)
+            else:
+                lab01_mystery._MEASURED.clear()
+                saved = lab01_mystery.savings(namespace["PIPELINE"], namespace["copies"])
+                for finding, value in zip(namespace["DIAGNOSIS"], saved, strict=True):
+                    finding["saves"] = round(value, 3)
+            out.append(json.loads(json.dumps({"observations": run_probes(probe, namespace, 0),
+                                              "state": dict(lab01_mystery.MEASURED_STATE),
+                                              "seconds": time.perf_counter() - started})))
+    return out
 
 
-def run_notebook_side(student: str, mode: str) -> dict[str, Any]:
+def run_notebook_side(student: str, mode: str, repeats: int) -> list[dict[str, Any]]:
+    """`notebook_side` in a fresh interpreter (a grading kernel is one)."""
     with tempfile.TemporaryDirectory(prefix="perflab-bench-nb-") as tmp:
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--notebook", student, "--mode", mode],
-                              cwd=tmp, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--notebook", student, "--mode", mode,
+                               "--repeats", str(repeats)], cwd=tmp, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
     if done.returncode or not lines:
         raise RuntimeError(f"{student}: the notebook's side failed: {done.stderr.strip()[-600:]}")
     return json.loads(lines[-1])
@@ -214,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook", metavar="ID", help=argparse.SUPPRESS)  # the notebook's side, one id
     args = parser.parse_args(argv)
     if args.notebook:
-        print(json.dumps(notebook_side(args.notebook, args.mode)))
+        print(json.dumps(notebook_side(args.notebook, args.mode, args.repeats)))
         return 0
     if args.ids < 1 or args.repeats < 1:
         parser.error("--ids and --repeats: at least 1")
@@ -231,15 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     bar = tqdm(total=len(ids) * args.repeats, unit="grading", file=sys.stderr, mininterval=5)
-    for repeat, student in itertools.product(range(args.repeats), ids):
-        notebook = run_notebook_side(student, args.mode)
-        graded = grade(student, args.mode, notebook)
-        row = {"id": student, "repeat": repeat + 1, **graded, "notebook_state": notebook["state"]}
-        rows.append(row)
-        print(_row_line(row), flush=True)
-        if row["notebook_state"] != row["grader_state"]:
-            print(f"    states differ: notebook {row['notebook_state']}, grader {row['grader_state']}", flush=True)
-        bar.update(1)
+    for student in ids:
+        for repeat, notebook in enumerate(run_notebook_side(student, args.mode, args.repeats)):
+            graded = grade(student, args.mode, notebook)
+            row = {"id": student, "repeat": repeat + 1, **graded, "notebook_state": notebook["state"]}
+            rows.append(row)
+            print(_row_line(row), flush=True)
+            if row["notebook_state"] != row["grader_state"]:
+                print(f"    states differ: notebook {row['notebook_state']}, grader {row['grader_state']}", flush=True)
+            bar.update(1)
     bar.close()
     full = sum(row["marks"] >= POINTS - 1e-6 for row in rows)
     worst = agreement(rows)
