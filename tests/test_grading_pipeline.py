@@ -286,6 +286,164 @@ def test_a_fault_while_recording_one_submission_never_stops_the_batch(graded, mo
     assert after[f"{LAB}/boom1"] == boom and after[f"{LAB}/boom2"].score == 0
 
 
+def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The plain `nbgrader` command of this environment, run in the course folder as an instructor would."""
+    scripts = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([str(scripts / "nbgrader"), *args], cwd=course, env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+
+
+def test_plain_nbgrader_works_in_the_course_folder(graded):
+    """The nbgrader_config.py the kit copies into a course folder (here one made with --course) makes that
+    folder nbgrader's course: its gradebook, its assignments, its feedback."""
+    from nbgrader.api import Gradebook
+
+    course = graded["course"]
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "perflab") as gb:
+        students = sorted(s.id for s in gb.students)
+    listed = _nbgrader(course, "db", "student", "list")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert f"There are {len(students)} students in the database" in listed.stdout + listed.stderr
+    assignments = _nbgrader(course, "db", "assignment", "list")
+    assert assignments.returncode == 0 and f"{LAB} (due: None)" in assignments.stdout + assignments.stderr
+    page = course / "feedback" / "sol" / LAB / f"{LAB}.html"
+    page.unlink()
+    made = _nbgrader(course, "generate_feedback", LAB, "--student", "sol", "--force")
+    assert made.returncode == 0 and page.is_file(), made.stderr[-2000:]
+
+
+@contextlib.contextmanager
+def _formgrader(course: Path):
+    """A Jupyter server started in the course folder (formgrader is its nbgrader extension), on a free
+    port of 127.0.0.1 with a token; yields (base url, token) and stops it."""
+    import secrets
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = secrets.token_hex(16)
+    log = course.parent / "formgrader.log"
+    cmd = [str(Path(sys.executable).parent / "jupyter-server"), "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={course}", "--ServerApp.port_retries=0",
+           *(["--allow-root"] if os.geteuid() == 0 else [])]  # CI's container runs as root
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=course, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                request = urllib.request.Request(f"{base}/formgrader/api/status",
+                                                 headers={"Authorization": f"token {token}"})
+                with urllib.request.urlopen(request, timeout=5):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _api(base: str, token: str, path: str, body: dict | None = None) -> object:
+    import urllib.request
+
+    request = urllib.request.Request(f"{base}/formgrader/api/{path}", method="GET" if body is None else "PUT",
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_formgrader_in_the_course_folder_shows_the_graded_lab_its_flags_and_takes_a_manual_score(graded, tmp_path):
+    """Formgrader, served from the course folder, lists the graded lab; its Manual Grading table (rendered by
+    headless Chromium) shows each submission and flags those the kit flagged, the reasons in the comment of
+    the first answer cell; a score a TA enters there is what `perflab grade export` reports."""
+    import urllib.parse
+
+    from test_report_browser import run_chromium
+
+    from perflab.grading.merge import FLAG_COMMENT_HEADER
+
+    course = graded["course"]
+    records = {r.student: r for r in State.load(course).records.values() if r.lab == LAB}
+    with _formgrader(course) as (base, token):
+        assignments = _api(base, token, "assignments")
+        assert [a["name"] for a in assignments] == [LAB] and assignments[0]["num_submissions"] >= len(records)
+        table = {s["student"]: s for s in _api(base, token, f"submitted_notebooks/{LAB}/{LAB}")}
+        # nbgrader lists a submission that has an autograded notebook: not one that could not be read, nor
+        # one whose outputs quote hidden tests (the kit keeps no copy of it; `perflab grade status` lists both).
+        listed = {s for s in records if (course / "autograded" / s / LAB / f"{LAB}.ipynb").is_file()}
+        assert set(table) >= listed and len(listed) >= len(records) - 3, sorted(set(records) - listed)
+        flagged = {s for s in listed if records[s].flagged}  # what the kit flagged (most of the class)
+        assert {s for s in listed if table[s]["flagged"]} == flagged and len(flagged) >= 5
+        who = sorted(flagged)[0]
+        comments = _api(base, token, f"comments?submission_id={table[who]['id']}")
+        first = next(c for c in comments if c["name"] == "mean_answer")  # the lab's first answer cell
+        assert first["auto_comment"].startswith(FLAG_COMMENT_HEADER), first
+        assert all(flag in first["auto_comment"] for flag in records[who].flags)
+
+        # Logging in through the server's /login (a cookie for the whole site, which formgrader's own pages
+        # do not set) lets the page's requests to formgrader's API through, as a TA's browser does.
+        page = urllib.parse.quote(f"/formgrader/gradebook/{LAB}/{LAB}")
+        dom = run_chromium(tmp_path, "--virtual-time-budget=30000", "--dump-dom",
+                           f"{base}/login?token={token}&next={page}").stdout
+        rows = re.findall(r"<tr[^>]*>(.*?)</tr>", dom, re.S)
+        # A row links its submission twice: "Submission #N" (names hidden) and the student's name.
+        shown = {m.group(1): row for row in rows if (m := re.search(r'<a class="name-shown"[^>]*>([^<]+)</a>', row))}
+        assert listed <= set(shown), f"formgrader's table lists {sorted(shown)}"
+        assert {s for s in listed if "glyphicon-flag" in shown[s]} == flagged
+
+        grades = {g["name"]: g for g in _api(base, token, f"grades?submission_id={table[who]['id']}")}
+        _api(base, token, f"grade/{grades['test_speedup']['id']}", {"manual_score": 2.5})
+    try:
+        assert cli("grade", "export", "--course", course, "--lms", "canvas")[0] == 0
+        with open(course / "export" / "canvas_grades.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        row = next(r for r in rows if r["SIS Login ID"] == who)
+        autograded = sum(c.score or 0.0 for c in records[who].cells if c.grade_id != "test_speedup")
+        assert (row[f"{LAB} manual"], row[LAB]) == ("2.5", f"{autograded + 2.5:g}")
+        assert "flagged" in row[f"{LAB} status"]
+    finally:
+        _set_manual(course, who, "test_speedup", None)
+
+
+def _set_manual(course: Path, student: str, cell: str, score: float | None, comment: str | None = None) -> None:
+    """Enter (or, with None, take back) a manual score and comment the way formgrader does: nbgrader's API."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "perflab") as gb:
+        grade = gb.find_grade(cell, LAB, LAB, student)
+        grade.manual_score = score
+        if comment is not None:
+            gb.find_comment("fast_sum_answer", LAB, LAB, student).manual_comment = comment
+        gb.db.commit()
+
+
+def test_a_manual_score_and_comment_entered_in_the_gradebook_are_what_export_reports(graded):
+    course = graded["course"]
+    _set_manual(course, "partial", "test_fast_sum", 1.5, comment="right idea, wrong axis")
+    try:
+        assert cli("grade", "export", "--course", course, "--lms", "canvas")[0] == 0
+        with open(course / "export" / "grades.csv", newline="") as handle:
+            cells = {(r["student"], r["cell"]): r for r in csv.DictReader(handle)}
+        assert cells[("partial", "test_fast_sum")]["score"] == "1.5"
+        partial = next(s for s in _grades(course)["submissions"] if s["student"] == "partial")
+        assert partial["comments"] == {"fast_sum_answer": "right idea, wrong axis"}  # an answer cell's comment
+        with open(course / "export" / "canvas_grades.csv", newline="") as handle:
+            partial = next(r for r in csv.DictReader(handle) if r["SIS Login ID"] == "partial")
+        assert partial[f"{LAB} manual"] == "1.5"
+    finally:
+        _set_manual(course, "partial", "test_fast_sum", None, comment="")
+
+
 @pytest.mark.skipif(sandbox._isolation("userns").kind != "userns", reason="no user namespaces here")
 def test_the_write_outside_probe_is_refused_under_userns_too(graded, monkeypatch):
     """The same case graded again with `userns` (the grader's own uid; as root, asked for by
