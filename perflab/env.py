@@ -297,6 +297,29 @@ _MODE_SIZES = {
 }
 
 
+# The course's model and data set (a course file will hold them): read here and nowhere else, passed on to
+# every sandbox of a grading run (`COURSE_ENV`). PERFLAB_MODEL is a torchvision model name (`TrainConfig.model`'s
+# default); PERFLAB_DATA is a built size's name or the path of an ImageFolder, and replaces the data set of
+# every mode and lab (their image side and batch stay the mode's).
+MODEL_ENV = "PERFLAB_MODEL"
+DATA_ENV = "PERFLAB_DATA"
+COURSE_ENV = (MODEL_ENV, DATA_ENV)
+DEFAULT_MODEL = "resnet18"
+
+
+def course_model() -> str:
+    """The course's model: $PERFLAB_MODEL, else DEFAULT_MODEL."""
+    return os.environ.get(MODEL_ENV, "").strip() or DEFAULT_MODEL
+
+
+def course_data() -> str | None:
+    """The course's data set ($PERFLAB_DATA: a size, or a folder, made absolute so that every process of a
+    grading job reads the same one), or None where the modes choose it."""
+    value = os.environ.get(DATA_ENV, "").strip()
+    folder = os.path.expanduser(value)
+    return os.path.abspath(folder) if value and os.path.isdir(folder) else value or None
+
+
 def run_mode() -> str:
     """The mode in force: PERFLAB_MODE, else 'grade' under nbgrader autograde, else 'full' on a GPU, else 'laptop'."""
     mode = os.environ.get("PERFLAB_MODE", "").strip().lower()
@@ -389,16 +412,16 @@ _LAB_WORKLOADS = {"grade": GRADE_WORKLOADS, "laptop": LAPTOP_WORKLOADS}
 def mode_sizes(mode: str | None = None, lab: str | None = None, device: str | None = None) -> ModeSizes:
     """The sizes of `mode` (default: the mode in force); in grade and laptop mode, `lab`'s own workload
     on `device` (a device type; default: the best device here) where GRADE_WORKLOADS or
-    LAPTOP_WORKLOADS lists one."""
+    LAPTOP_WORKLOADS lists one; the course's data set ($PERFLAB_DATA) wherever one is set."""
     mode = mode or run_mode()
     if mode not in _MODE_SIZES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
-    base = _MODE_SIZES[mode]
-    if mode not in _LAB_WORKLOADS or lab is None:
-        return base
-    kind = device or pick_device().type
-    own = _LAB_WORKLOADS[mode].get(lab, {}).get(str(kind).split(":")[0])
-    if own is None:
-        return base
-    data, image_size, batch_size = own
-    return ModeSizes(mode, data=data, image_size=image_size, batch_size=batch_size, steps=base.steps)
+    sizes = _MODE_SIZES[mode]
+    if mode in _LAB_WORKLOADS and lab is not None:
+        kind = device or pick_device().type
+        own = _LAB_WORKLOADS[mode].get(lab, {}).get(str(kind).split(":")[0])
+        if own is not None:
+            data, image_size, batch_size = own
+            sizes = ModeSizes(mode, data=data, image_size=image_size, batch_size=batch_size, steps=sizes.steps)
+    data = course_data()
+    return sizes if data is None else dataclasses.replace(sizes, data=data)

@@ -1,4 +1,4 @@
-"""The ResNet-18 training workload: `TrainConfig` (every knob the labs touch) and the one loop it builds.
+"""The training workload: `TrainConfig` (every knob the labs touch, the model among them) and the one loop it builds.
 
 Each knob changes one visible place in the loop: the loader (workers, pinning, prefetch), the
 augmentation (CPU transforms, or `perflab.device_augment` on the device), the memory format, the checkpoint wrapper,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -47,6 +48,8 @@ class TrainConfig:
     """Every knob of the training workload. Invalid values raise `ValueError` naming the field."""
 
     data: str = "tiny"
+    # A torchvision classification model, built by `network`; the course's ($PERFLAB_MODEL) by default.
+    model: str = field(default_factory=env.course_model)
     batch_size: int = 32
     image_size: int = 32
     num_workers: int = 0
@@ -77,13 +80,14 @@ class TrainConfig:
             if self.checkpoint_stages not in (0, checkpoint_segments):
                 raise ValueError("checkpoint_segments: the old name of checkpoint_stages; give only checkpoint_stages")
             object.__setattr__(self, "checkpoint_stages", checkpoint_segments)
+        check_model(self.model)
         _check_int("batch_size", self.batch_size, low=1)
         _check_int("num_workers", self.num_workers, low=0)
         _check_int("accumulation_steps", self.accumulation_steps, low=1)
         _check_int("checkpoint_stages", self.checkpoint_stages, low=0, high=len(RESNET_STAGES))
         _check_int("seed", self.seed, low=0)
         _check_int("image_size", self.image_size, low=MIN_IMAGE_SIZE, high=MAX_IMAGE_SIZE,
-                   why="ResNet-18 downsamples by 32")
+                   why="the models downsample by 32")
         if self.threads is not None:
             _check_int("threads", self.threads, low=1)
         if self.prefetch_factor is not None:
@@ -148,12 +152,13 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """The configuration a `to_dict` wrote; a file written before a field was renamed still loads."""
+        """The configuration a `to_dict` wrote; a file written before a field was renamed still loads, and one
+        written before the model was a field is ResNet-18's (the only model there was)."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names - set(RENAMED_FIELDS))
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
-        return cls(**data)
+        return cls(**{"model": env.DEFAULT_MODEL, **data})
 
 
 def _warn_renamed(old: str, stacklevel: int) -> None:
@@ -310,13 +315,55 @@ class CheckpointedStage(nn.Module):
                           context_fn=lambda: (contextlib.nullcontext(), restoring_buffers(self.stage)))
 
 
-def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
-    """ResNet-18, randomly initialised from `config.seed`, with checkpointing and memory format applied."""
+@functools.cache
+def model_names() -> frozenset[str]:
+    """torchvision's classification models: the names `TrainConfig.model` takes."""
     import torchvision
 
+    return frozenset(torchvision.models.list_models(module=torchvision.models))
+
+
+def check_model(name: str) -> None:
+    """ValueError in one line where `name` is not a torchvision classification model (the default is one:
+    a configuration of it does not import torchvision)."""
+    if name != env.DEFAULT_MODEL and name not in model_names():
+        raise ValueError(f"model: {name!r} is not a torchvision classification model (list them with "
+                         "`torchvision.models.list_models(module=torchvision.models)`)")
+
+
+def network(name: str, num_classes: int) -> nn.Module:
+    """torchvision's model `name`, randomly initialised (no weights) with `num_classes` outputs: the one place
+    the kit builds its model."""
+    import torchvision
+
+    check_model(name)
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+@functools.cache
+def has_stages(name: str) -> bool:
+    """Whether model `name` has ResNet's four stages (`RESNET_STAGES`), what checkpointing by stages needs."""
+    with torch.device("meta"):
+        model = network(name, 10)
+    return all(isinstance(getattr(model, stage, None), nn.Module) for stage in RESNET_STAGES)
+
+
+def require_stages(lab: str, config: TrainConfig) -> TrainConfig:
+    """`config`, where its model has ResNet's stages; ValueError in one line where it has none (a lab whose
+    lesson checkpoints by stages declares it with this call)."""
+    if not has_stages(config.model):
+        raise ValueError(f"{lab} checkpoints ResNet stages ({RESNET_STAGES[0]}..{RESNET_STAGES[-1]}); "
+                         f"{config.model} has none: choose a ResNet ($PERFLAB_MODEL)")
+    return config
+
+
+def build_model(config: TrainConfig, num_classes: int) -> nn.Module:
+    """`config.model`, randomly initialised from `config.seed`, with checkpointing and memory format applied."""
+    if config.checkpoint_stages:
+        require_stages("checkpoint_stages", config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+        model = network(config.model, num_classes)
     for name in RESNET_STAGES[: config.checkpoint_stages]:
         setattr(model, name, CheckpointedStage(getattr(model, name)))
     model = model.to(env.pick_device(config.device))

@@ -271,10 +271,10 @@ def model_flops_case(seed: int) -> dict[str, Any]:
 
 
 def build_flops_models(case: dict[str, Any]) -> list[nn.Module]:
-    import torchvision
+    from perflab.workload import network
 
     width = case["width"]
-    return [torchvision.models.resnet18(weights=None, num_classes=case["classes"]),
+    return [network("resnet18", case["classes"]),
             nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(width, 2 * width, 3, stride=2, groups=width),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, case["cnn_classes"]))]

@@ -62,7 +62,7 @@ def _probe_counting_visible(answers: Any, seed: int) -> dict[str, Any]:
 
     stem = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
     fc = nn.Linear(512, 1000)
-    resnet = workload.build_model(workload.TrainConfig(device="cpu"), num_classes=1000)
+    resnet = workload.build_model(workload.TrainConfig(model="resnet18", device="cpu"), num_classes=1000)  # the judge's count
     return {"conv_flops": quiet_call(answers["conv2d_flops"], stem, (1, 3, 224, 224)),
             "conv_params": quiet_call(answers["conv2d_params"], stem),
             "linear_flops": quiet_call(answers["linear_flops"], fc, (8, 512)),

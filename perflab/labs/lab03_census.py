@@ -51,11 +51,11 @@ def census_inputs(seed: int, device: str = "cpu", resnet: bool = False
     images, labels = problem.batch(0)
     if not resnet:
         return problem.model(), images, labels, problem.describe()
-    import torchvision
+    from perflab.workload import network
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = torchvision.models.resnet18(weights=None, num_classes=problem.classes).to(device)
+        model = network("resnet18", problem.classes).to(device)
     images = nn.functional.interpolate(images, size=(32, 32))
     return model.train(), images, labels, f"ResNet-18 on {problem.batch_size} images of 32x32"
 

@@ -227,8 +227,9 @@ def sizes(mode: str | None = None) -> LabSizes:
 def baseline_config(mode: str | None = None) -> TrainConfig:
     """The plain training run this lab measures and the grader times, on the best device here."""
     s = sizes(mode)
-    return TrainConfig(data=s.data, batch_size=s.batch_size, image_size=s.image_size,
-                       device=str(env.pick_device()), **env.baseline_loader(LAB, mode=s.mode))
+    config = TrainConfig(data=s.data, batch_size=s.batch_size, image_size=s.image_size,
+                         device=str(env.pick_device()), **env.baseline_loader(LAB, mode=s.mode))
+    return workload.require_stages(LAB, config)  # the lesson checkpoints ResNet's stages
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,8 +246,8 @@ def plain_cnn(width: int = 8, num_classes: int = 5, seed: int = 0) -> nn.Module:
 
 
 def resnet18(num_classes: int = 10, seed: int = 0) -> nn.Module:
-    """torchvision's ResNet-18, randomly initialised from `seed`, on the CPU."""
-    return workload.build_model(TrainConfig(seed=seed, device="cpu"), num_classes)
+    """torchvision's ResNet-18, randomly initialised from `seed`, on the CPU (the checks' model, whatever the course's)."""
+    return workload.build_model(TrainConfig(model="resnet18", seed=seed, device="cpu"), num_classes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perflab import env, stats
+from perflab import env, stats, workload
 from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
@@ -205,8 +205,9 @@ def baseline_config(mode: str | None = None) -> TrainConfig:
     kept on the device by `env.baseline_loader`), nothing compiled, the model on TRAIN_THREADS torch
     threads."""
     s = sizes(mode)
-    return TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, threads=TRAIN_THREADS,
-                       **env.baseline_loader(LAB, mode=s.mode))
+    config = TrainConfig(data=s.data, image_size=s.image_size, batch_size=s.batch_size, threads=TRAIN_THREADS,
+                         **env.baseline_loader(LAB, mode=s.mode))
+    return workload.require_stages(LAB, config)  # its plan may checkpoint ResNet's stages
 
 
 # ---------------------------------------------------------------------------------------------

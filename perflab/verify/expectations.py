@@ -190,21 +190,31 @@ def load_file(path: Path) -> dict[str, Any]:
     return data
 
 
-# The fields of a workload that decide what a calibration measured: a bar holds only at these sizes.
-WORKLOAD_FIELDS = ("data", "image_size", "batch_size")
+# The fields of a workload that decide what a calibration measured: a bar holds only for this model at these
+# sizes on this data set. An entry written before the model was a field timed ResNet-18 (`_measured_fields`).
+WORKLOAD_FIELDS = ("model", "data", "image_size", "batch_size")
 
 
 def _workload_text(config: dict[str, Any]) -> str:
-    return f"{config.get('image_size')} px, batch {config.get('batch_size')}, {config.get('data')} data"
+    return (f"{config.get('model')} at {config.get('image_size')} px, batch {config.get('batch_size')}, "
+            f"{config.get('data')} data")
+
+
+def _measured_fields(config: Any) -> dict[str, Any]:
+    """WORKLOAD_FIELDS of a configuration (a `TrainConfig` or an entry's dict), the model ResNet-18 where it
+    names none."""
+    from perflab.env import DEFAULT_MODEL
+
+    get = config.get if isinstance(config, dict) else lambda f: getattr(config, f, None)
+    return {f: get(f) or (DEFAULT_MODEL if f == "model" else None) for f in WORKLOAD_FIELDS}
 
 
 def _other_workload(entry: dict[str, Any], workload: Any) -> str | None:
     """Why `entry`'s calibration does not hold for `workload` (None: it does, or nothing to compare)."""
-    measured = entry.get("baseline")
-    if workload is None or not isinstance(measured, dict):
+    if workload is None or not isinstance(entry.get("baseline"), dict):
         return None
-    here = {f: getattr(workload, f, None) for f in WORKLOAD_FIELDS}
-    if all(measured.get(f) == here[f] for f in WORKLOAD_FIELDS):
+    measured, here = _measured_fields(entry["baseline"]), _measured_fields(workload)
+    if measured == here:
         return None
     return f"calibrated at {_workload_text(measured)}, this run is {_workload_text(here)}"
 
