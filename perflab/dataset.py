@@ -80,7 +80,10 @@ def default_root(size: str) -> Path:
 
 
 def data_root(size: str) -> Path:
-    """The folder of the built `size` set; FileNotFoundError naming it and the command when it is not built."""
+    """The folder of the built `size` set, or of an ImageFolder (`size` its path, `check_image_folder`d);
+    FileNotFoundError naming it and the command when it is not built."""
+    if size not in SIZES:
+        return checked_folder(size)
     root = default_root(size)
     if not (root / MANIFEST).is_file():
         raise FileNotFoundError(
@@ -129,7 +132,15 @@ def verify(root: str | os.PathLike[str]) -> None:
 
 
 def is_built(size: str, root: str | os.PathLike[str] | None = None, seed: int = 0) -> bool:
-    """Whether `root` holds a finished build of `size` from `seed` and the current recipe (files are not hashed)."""
+    """Whether `root` holds a finished build of `size` from `seed` and the current recipe (files are not hashed).
+    For data that is not built (an ImageFolder's path, `cifar10:PATH`): True where it is there and whole,
+    else FileNotFoundError or DatasetError in one line saying what is wrong."""
+    if root is None and size not in SIZES:
+        if size.startswith("cifar10:"):
+            _cifar10_folder(Path(size[len("cifar10:"):]).expanduser())
+        else:
+            checked_folder(size)
+        return True
     root = Path(root) if root is not None else default_root(size)
     try:
         manifest = read_manifest(root)
@@ -394,40 +405,72 @@ def load(source: str | os.PathLike[str], image_size: int, train: bool = True,
     else:
         transform = (train_transform if train else eval_transform)(image_size, device_augment)
     source = os.fspath(source)
-    if source in SIZES:
-        return _image_folder(data_root(source) / ("train" if train else "val"), transform)
     if source.startswith("cifar10:"):
         return _cifar10(Path(source[len("cifar10:"):]).expanduser(), train, transform)
-    return _image_folder(_split_folder(Path(source).expanduser(), train), transform)
-
-
-def _split_folder(path: Path, train: bool) -> Path:
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"{path}: no such data folder; check the path, or build the synthetic set with: "
-            "perflab dataset build --size tiny"
-        )
-    if train:
-        return path / "train" if (path / "train").is_dir() else path
-    if (path / "val").is_dir():
-        return path / "val"
-    if (path / "train").is_dir():
-        raise FileNotFoundError(f"{path / 'val'}: no evaluation split next to {path / 'train'}; add a val/ folder")
-    return path
-
-
-def _image_folder(folder: Path, transform: Callable[[Any], torch.Tensor]) -> torch.utils.data.Dataset:
     from torchvision.datasets import ImageFolder
 
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder}: no such data folder; check the path, or build the synthetic set with: "
-            "perflab dataset build --size tiny"
-        )
-    return ImageFolder(str(folder), transform=transform, loader=decode_image)
+    return ImageFolder(str(split_folder(source, train)), transform=transform, loader=decode_image,
+                       is_valid_file=is_image_file)
 
 
-def _cifar10(root: Path, train: bool, transform: Callable[[Any], torch.Tensor]) -> torch.utils.data.Dataset:
+def split_folder(source: str | os.PathLike[str], train: bool = True) -> Path:
+    """The class folders of `source`'s train or evaluation split: a built size's `train/` or `val/`, an
+    ImageFolder's `train/` and `val/` where it has them, else the folder itself (one split for both)."""
+    source = os.fspath(source)
+    if source in SIZES:
+        return data_root(source) / ("train" if train else "val")
+    root = checked_folder(source)
+    if (root / "train").is_dir():
+        return root / ("train" if train else "val")
+    return root
+
+
+# The image files an ImageFolder's class folders hold (what the kit's loaders and the mystery pipeline read).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def is_image_file(path: str) -> bool:
+    return path.lower().endswith(IMAGE_SUFFIXES)
+
+
+def checked_folder(source: str | os.PathLike[str]) -> Path:
+    """The ImageFolder at `source`: class folders of JPEG/PNG images, in `train/` and `val/` or at its top.
+    FileNotFoundError or DatasetError in one line naming what is wrong: no such folder, no class folders,
+    a class folder with no images, image files beside class folders, a train/ without a val/."""
+    root = Path(source).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such data folder; check the path (an ImageFolder: class folders of "
+                                "JPEG/PNG images), or build the synthetic set with: perflab dataset build --size tiny")
+    splits = [root / split for split in SPLITS if (root / split).is_dir()]
+    if len(splits) == 1:
+        missing = root / ({*SPLITS} - {splits[0].name}).pop()
+        raise FileNotFoundError(f"{missing}: no {'evaluation' if missing.name == 'val' else 'training'} split next "
+                                f"to {splits[0]}; add a {missing.name}/ folder")
+    for folder in splits or [root]:
+        check_image_folder(folder)
+    return root
+
+
+def check_image_folder(folder: Path) -> None:
+    """DatasetError in one line where `folder` is not class folders each holding JPEG/PNG images."""
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    classes = sorted(p for p in entries if p.is_dir())
+    loose = [p.name for p in entries if p.is_file() and is_image_file(p.name)]
+    kinds = "/".join(s.lstrip(".") for s in IMAGE_SUFFIXES)
+    if not classes:
+        what = f"images ({loose[0]}, ...) but" if loose else "nothing but files, and"
+        raise DatasetError(f"{folder}: not an ImageFolder: {what} no class folders (expected "
+                           f"{folder}/<class>/<image>.{kinds})")
+    if loose:
+        raise DatasetError(f"{folder}: mixed: image files ({loose[0]}, ...) beside class folders "
+                           f"({classes[0].name}, ...); move every image into its class's folder")
+    for cls in classes:
+        if not any(p.is_file() and is_image_file(p.name) for p in cls.iterdir()):
+            raise DatasetError(f"{cls}: class folder with no images ({kinds}); add images or remove the folder")
+
+
+def _cifar10_folder(root: Path) -> Path:
+    """The CIFAR-10 batches under `root`; FileNotFoundError in one line where they are not there."""
     from torchvision.datasets import CIFAR10
 
     batches = root / CIFAR10.base_folder
@@ -436,6 +479,13 @@ def _cifar10(root: Path, train: bool, transform: Callable[[Any], torch.Tensor]) 
             f"{batches}: CIFAR-10 not found; extract cifar-10-python.tar.gz under {root} "
             "(nothing is downloaded at run time)"
         )
+    return batches
+
+
+def _cifar10(root: Path, train: bool, transform: Callable[[Any], torch.Tensor]) -> torch.utils.data.Dataset:
+    from torchvision.datasets import CIFAR10
+
+    batches = _cifar10_folder(root)
     try:
         return CIFAR10(str(root), train=train, transform=transform, download=False)
     except RuntimeError as exc:

@@ -413,10 +413,12 @@ def build_data(labs: Iterable[str], settings: Settings) -> None:
 def with_instructor_policy(settings: Settings) -> Settings:
     """`settings` with the instructor's grading policy from this environment passed on to every
     sandbox (which sees nothing of the parent's environment otherwise): PERFLAB_INCONCLUSIVE,
-    checked here so that a typo fails the run once instead of every notebook."""
+    checked here so that a typo fails the run once instead of every notebook, and the course's
+    model and data set (`env.COURSE_ENV`)."""
+    from perflab.grading.run import course_env
     from perflab.labs.common import INCONCLUSIVE_ENV, inconclusive_policy
 
-    return dataclasses.replace(settings, env={INCONCLUSIVE_ENV: inconclusive_policy(), **settings.env})
+    return dataclasses.replace(settings, env={INCONCLUSIVE_ENV: inconclusive_policy(), **course_env(), **settings.env})
 
 
 def _run_local(todo: list[Job], infos, templates, settings: Settings, hide, on_result) -> None:

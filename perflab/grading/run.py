@@ -51,7 +51,7 @@ def check_isolation(settings: Settings) -> sandbox.Isolation:
 def grader_only_paths(repo: Path = REPO) -> list[Path]:
     """Folders of the checkout the sandbox must not see: the grader-only judges, the solutions, the
     expectations and course folders, the tests, the git history, and any other folder of the kit."""
-    keep = [Path(sys.prefix).resolve(), *(Path(p).resolve() for p in [os.environ.get("PERFLAB_DATA_DIR")] if p)]
+    keep = [Path(sys.prefix).resolve(), *(Path(p).resolve() for p in sandbox.data_folders())]
     out = [GRADER_ONLY_PACKAGE] if GRADER_ONLY_PACKAGE.is_dir() else []
     for child in sorted(Path(repo).iterdir()):
         if not child.is_dir() or child.is_symlink() or child.name in PUBLIC_ENTRIES:
@@ -77,13 +77,22 @@ def run_worker(workdir: Path, env: Mapping[str, str], limits: sandbox.Limits,
                        limits=limits, hide=hide, env=env)
 
 
+def course_env() -> dict[str, str]:
+    """The course's model and data set as this process has them ($PERFLAB_MODEL, $PERFLAB_DATA), for a sandbox:
+    a course on another model or an ImageFolder is graded on them in every process of a job."""
+    from perflab.env import COURSE_ENV
+
+    return {name: os.environ[name] for name in COURSE_ENV if os.environ.get(name, "").strip()}
+
+
 def _device_env(gpu: str | None, device: str | None) -> dict[str, str]:
     """The environment that gives a sandboxed process its job's device: the GPU it may see (its
-    CUDA_VISIBLE_DEVICES entry; "" hides every GPU) and the kind it is graded for ($PERFLAB_DEVICE)."""
+    CUDA_VISIBLE_DEVICES entry; "" hides every GPU) and the kind it is graded for ($PERFLAB_DEVICE), on the
+    course's model and data set."""
     from perflab.env import DEVICE_ENV
 
     return {**({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}),
-            **({DEVICE_ENV: device} if device else {})}
+            **({DEVICE_ENV: device} if device else {}), **course_env()}
 
 
 def sandboxed_child(job: dict[str, Any], *, time_limit: float, memory_limit: int | None, limits: sandbox.Limits,

@@ -379,6 +379,7 @@ def run(argv: Sequence[str], *, workdir: Path, limits: Limits, hide: Sequence[Pa
         "disk_bytes": limits.disk_bytes,
         "mounts": iso.kind != "none", "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()],
         "binds": dict(binds or {}),
+        "data": [str(Path(p).resolve()) for p in data_folders()],  # kept, read-only, inside a private /tmp
         "expose": _unreachable(needed_paths(), uid, gid) if uid is not None else [],
         "rlimits": {"AS": limits.memory_bytes if limits.address_space else None, "NPROC": limits.processes,
                     "FSIZE": limits.file_bytes},
@@ -444,11 +445,20 @@ def needed_paths() -> list[Path]:
     import perflab
 
     paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
-             Path(perflab.__file__).resolve().parents[1]}
-    data = os.environ.get("PERFLAB_DATA_DIR")
-    if data and Path(data).is_dir():
-        paths.add(Path(data).resolve())
+             Path(perflab.__file__).resolve().parents[1], *(Path(p).resolve() for p in data_folders())}
     return sorted(paths)
+
+
+def data_folders() -> list[str]:
+    """The folders of data a sandboxed run reads besides the kit's own `datasets/build`, read-only like
+    everything outside its work folder: $PERFLAB_DATA_DIR (where the sizes are built) and the course's
+    ImageFolder ($PERFLAB_DATA where it is a folder; `cifar10:PATH`'s PATH)."""
+    from perflab.env import course_data
+
+    data = course_data() or ""
+    data = data[len("cifar10:"):] if data.startswith("cifar10:") else data
+    return [str(Path(p).expanduser()) for p in (os.environ.get("PERFLAB_DATA_DIR"), data)
+            if p and Path(p).expanduser().is_dir()]
 
 
 def _unreachable(paths: Sequence[Path], uid: int, gid: int) -> list[tuple[str, str]]:

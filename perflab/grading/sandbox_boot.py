@@ -47,7 +47,7 @@ def _loopback_up() -> None:
 
 def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
                    expose: Sequence[tuple[str, str]], private: Sequence[str] = PRIVATE_TMP,
-                   disk_bytes: int | None = None) -> None:
+                   disk_bytes: int | None = None, data: Sequence[str] = ()) -> None:
     size = f",size={disk_bytes}" if disk_bytes else ""
     _size_workdir(workdir, size)
     if not size:
@@ -74,9 +74,9 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
         targets.append(target)
     for path in hide:
         _mount("-t", "tmpfs", "-o", "ro,size=64k,mode=0755", "perflab-hidden", path)
-    # What must stay visible inside a private /tmp: the work folder, and the interpreter and the
-    # kit themselves when they live there (a checkout cloned under /tmp, as CI does).
-    keep = outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2])])
+    # What must stay visible inside a private /tmp: the work folder, and the interpreter, the kit and the
+    # data folders when they live there (a checkout cloned under /tmp, as CI does; a course's ImageFolder).
+    keep = outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2]), *data])
     fresh_tmps = []
     for n, tmp in enumerate(private):
         if not os.path.isdir(tmp):
@@ -189,7 +189,7 @@ def _boot() -> int:
     workdir = spec["workdir"]
     if spec["mounts"]:
         _isolate_files(workdir, spec["hide"], spec["binds"], spec["expose"], spec["private"] or PRIVATE_TMP,
-                       spec.get("disk_bytes"))
+                       spec.get("disk_bytes"), spec.get("data", ()))
         _loopback_up()
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])

@@ -86,7 +86,8 @@ def sizes_for(mode: str | None = None) -> tuple[str, int, int]:
     """(data set, image side, batch) of the mystery pipeline in `mode` (default: the mode in force)."""
     from perflab import env
 
-    return SIZES.get(mode or env.run_mode(), DEFAULT_SIZES)
+    data, image_size, batch_size = SIZES.get(mode or env.run_mode(), DEFAULT_SIZES)
+    return env.course_data() or data, image_size, batch_size
 
 
 def student_id(typed: str = "") -> str:
@@ -184,6 +185,8 @@ def _render(student: str, mode: str | None, plan: tuple[tuple[str, str], ...],
     chosen = [(SNIPPET_BY_KEY[key], dose) for key, dose in plan]
     rng = random.Random(_seed(student) ^ 0x5EED)
     edits = random.Random(_seed(student) ^ 0xED17)  # harmless per-id edits, apart from the draws above
+    from perflab.env import course_model
+
     data, image_size, batch_size = sizes_for(mode)
     run_id = rng.randrange(1, 1_000_000)
     helpers = list(template.HELPERS)
@@ -191,8 +194,8 @@ def _render(student: str, mode: str | None, plan: tuple[tuple[str, str], ...],
     helpers = helpers[: rng.randint(2, len(helpers))]
     called = list(template.CALLED)
     edits.shuffle(called)
-    head = template.HEADER.format(student=student, filename=FILENAME, data=data, image_size=image_size,
-                                  batch_size=batch_size, run_id=run_id)
+    head = template.HEADER.format(student=student, filename=FILENAME, data=data, model=course_model(),
+                                  image_size=image_size, batch_size=batch_size, run_id=run_id)
     text = head + "".join("\n" + h for h in helpers) + "".join(called) + template.DATASET + template.TRAINER
     choice = {name: edits.choice(options) for name, options in sorted(template.CHOICES.items())}
     text = _CHOICE.sub(lambda m: choice[m.group(1)], text)

@@ -11,7 +11,7 @@ changes what a step computes or costs.
 
 from __future__ import annotations
 
-HEADER = '''"""Mystery pipeline of {student}: ResNet-18 trained on perflab's JPEG data set.
+HEADER = '''"""Mystery pipeline of {student}: {model} trained on a folder of JPEG images.
 
 It trains correctly, but every step takes longer than it should. Find out why with the tools of
 lab 1 (cProfile, line_profiler, a memory profiler, torch.profiler), fix it, and prove the fix:
@@ -38,11 +38,12 @@ from PIL import Image
 from torch import nn
 from torch.profiler import record_function
 
-from perflab.dataset import data_root
+from perflab.dataset import IMAGE_SUFFIXES, split_folder
 
 log = logging.getLogger("mystery")
 
-DATA = "{data}"  # which of perflab's data sets (perflab dataset build --size {data})
+DATA = "{data}"  # the data set: one of perflab's (perflab dataset build --size NAME) or an ImageFolder's path
+MODEL = "{model}"  # the torchvision model it trains
 IMAGE_SIZE = {image_size}
 BATCH_SIZE = {batch_size}
 RUN_ID = {run_id}  # this experiment's id: it seeds the weights, the sample order and the flips
@@ -123,7 +124,7 @@ class JpegFolder(torch.utils.data.Dataset):
     def __init__(self, root, seed: int) -> None:
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.samples = [(path, label) for label, name in enumerate(classes)
-                        for path in sorted((root / name).glob("*.jpg"))]
+                        for path in sorted((root / name).iterdir()) if path.suffix.lower() in IMAGE_SUFFIXES]
         self.classes = classes
         #@ note
         self.seed = seed
@@ -152,8 +153,8 @@ class Trainer:
     def __init__(self, seed: int, data: str = DATA) -> None:
         <<seed>> = seed * 1_000_003 + RUN_ID
         torch.manual_seed(<<seed>>)
-        self.dataset = JpegFolder(data_root(data) / "train", <<seed>>)
-        self.model = torchvision.models.resnet18(num_classes=len(self.dataset.classes))
+        self.dataset = JpegFolder(split_folder(data), <<seed>>)
+        self.model = torchvision.models.get_model(MODEL, num_classes=len(self.dataset.classes))
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.loader = torch.utils.data.DataLoader(
