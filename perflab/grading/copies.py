@@ -107,7 +107,7 @@ class Fingerprint:
     student: str
     lab: str
     sha256: str
-    series: dict[str, tuple[float, ...]]  # label (kind, key, place in the record) -> timing samples
+    series: dict[str, tuple[float, ...]]  # label (kind, its occurrence, place in the record) -> timing samples
     statements: tuple[str, ...] = ()  # digests of its written statements, names and comments aside
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,8 +160,7 @@ class Pair:
     def to_dict(self) -> dict[str, Any]:
         return {"lab": self.lab, "students": list(self.students), "shared": self.shared, "aligned": self.aligned,
                 "correlation": self.correlation, "rescaled": self.rescaled, "code": list(self.code),
-                "matched": self.matched,
-                "why": self.why()}
+                "matched": self.matched, "why": self.why()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +436,11 @@ def keep_submission(course: Path, job: Any) -> Fingerprint | None:
     except (OSError, ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
         return None
     fp = fingerprint(homework.from_notebook(nb), nb, student=job.student, lab=job.lab, sha256=job.sha256)
-    keep(course, fp)
+    try:
+        keep(course, fp)
+    except ValueError as exc:
+        log.warning("%s; not compared with the lab's other submissions", exc)
+        return None
     return fp
 
 
