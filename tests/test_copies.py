@@ -118,6 +118,7 @@ EDITS: dict[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = {
     "scaled and rounded to 4 digits": lambda e: retimed(e, lambda x: float(f"{x * 0.91:.4g}")),
     "jittered by 1% noise": lambda e: retimed(e, _jitter(0.01)),
     "scaled and jittered by 0.5%": lambda e: retimed(retimed(e, _jitter(0.005, 1)), lambda x: x * 1.2),
+    "offset by 5 ms": lambda e: retimed(e, lambda x: x + 0.005),
     "reordered": lambda e: shuffled(e, 3),
     "scaled and reordered": lambda e: shuffled(retimed(e, lambda x: x / 1.3), 4),
 }
