@@ -255,3 +255,14 @@ def test_a_kept_fingerprint_reads_back_and_a_bad_id_is_one_line(tmp_path: Path) 
     assert copies.kept(tmp_path, "lab03_amp") == [fp]
     with pytest.raises(ValueError, match="not a lab and student id"):
         copies.keep(tmp_path, copies.Fingerprint("../x", "lab03_amp", "s", {}))
+
+
+def test_the_demo_says_its_students_are_copies_of_one_run_and_lists_the_pairs(tmp_path: Path) -> None:
+    from perflab import demo
+
+    pairs = ("lab03_amp: cheater ~ reference (24 identical raw timing sample(s); ...)",)
+    made = demo.Demo(tmp_path, tmp_path / "course", ("lab03_amp",), ("reference", "cheater"), tmp_path / "g.csv",
+                     tmp_path / "g.json", (), {}, tmp_path / "class.html", {}, {}, 60.0, copies=pairs)
+    text = demo.summary(made)
+    assert demo.COPIES_NOTE in text and pairs[0] in text
+    assert demo.COPIES_NOTE not in demo.summary(demo.Demo(**{**made.__dict__, "copies": ()}))
