@@ -26,11 +26,12 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
                     to the conservative rule for, no bar being calibrated on the grading machine
                     (graded with --no-calibration); empty where every bar was calibrated; the same on
                     every row of a submission
-    comment         a comment a person entered on the cell in the gradebook (e.g. in formgrader), else empty
+    comment         a comment a person entered on this cell in the gradebook (e.g. in formgrader), else
+                    empty; comments on answer cells that hold no points are in grades.json's `comments`
 
 JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
 "submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
-"inconclusive", "isolation", "uncalibrated"}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+"inconclusive", "isolation", "uncalibrated", "comments": {cell: a person's comment}}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
 
 `export_lms` writes the same grades one row per student for an LMS to import (`perflab.grading.lms`).
 """
@@ -59,6 +60,9 @@ class Entered:
     comments: dict[tuple[str, str, str], str] = field(default_factory=dict)
     flagged: set[tuple[str, str]] = field(default_factory=set)  # (lab, student) flagged in the gradebook
     students: dict[str, lms.Student] = field(default_factory=dict)  # the LMS's name and id, from collect
+
+    def comments_of(self, lab: str, student: str) -> dict[str, str]:
+        return {cell: text for (l_, s_, cell), text in self.comments.items() if (l_, s_) == (lab, student)}
 
     def scores_by_submission(self) -> dict[tuple[str, str], dict[str, float]]:
         """(lab, student) -> {cell: the score a person entered}."""
@@ -115,7 +119,8 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
     state = State.load(course)
     records = [r for r in state.records.values()
                if (not labs or r.lab in labs) and (not students or r.student in students)]
-    table = rows(records, entered(course))
+    people = entered(course)
+    table = rows(records, people)
     out_dir = Path(out_dir) if out_dir else course / "export"
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / "grades.csv", out_dir / "grades.json"
@@ -130,7 +135,8 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
         submissions.append({"student": rec.student, "lab": rec.lab, "score": score, "max_score": rec.max_score,
                             "outcome": rec.outcome, "flagged": rec.flagged, "flags": list(rec.flags),
                             "notes": list(rec.notes), "inconclusive": rec.inconclusive,
-                            "isolation": rec.isolation, "uncalibrated": list(rec.uncalibrated)})
+                            "isolation": rec.isolation, "uncalibrated": list(rec.uncalibrated),
+                            "comments": people.comments_of(rec.lab, rec.student)})
         entry = students_out.setdefault(rec.student, {"score": 0.0, "max_score": 0.0, "labs": {}})
         entry["score"] += score
         entry["max_score"] += rec.max_score
