@@ -31,7 +31,9 @@ CSV (`grades.csv`), one row per graded cell of each submission, in this column o
 
 JSON (`grades.json`): {"schema": "perflab.grades", "version": 1, "columns": [...], "rows": [...],
 "submissions": [{"student", "lab", "score", "max_score", "outcome", "flagged", "flags", "notes",
-"inconclusive", "isolation", "uncalibrated", "comments": {cell: a person's comment}}], "students": {student: {"score", "max_score", "labs": {lab: score}}}}.
+"inconclusive", "isolation", "uncalibrated", "comments": {cell: a person's comment}}], "students": {student: {"score", "max_score", "labs": {lab: score}}},
+"copies": [{"lab", "students": [a, b], "why", ...}]} (`copies.Pair`: two submissions whose home
+measurements one run made, both flagged).
 
 `export_lms` writes the same grades one row per student for an LMS to import (`perflab.grading.lms`).
 """
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perflab.grading import collect, lms
+from perflab.grading import collect, copies, lms
 from perflab.grading.state import Record, State
 
 COLUMNS = ("student", "lab", "cell", "score", "max_score", "verdict", "code", "speedup", "hardware_class",
@@ -141,8 +143,10 @@ def export(course: Path, out_dir: Path | None = None, labs=None, students=None) 
         entry["score"] += score
         entry["max_score"] += rec.max_score
         entry["labs"][rec.lab] = score
+    pairs = [p for p in copies.pairs(course) if (not labs or p["lab"] in labs)
+             and (not students or set(p["students"]) & set(students))]
     doc = {"schema": "perflab.grades", "version": 1, "columns": list(COLUMNS), "rows": table,
-           "submissions": submissions, "students": students_out}
+           "submissions": submissions, "students": students_out, "copies": pairs}
     json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return csv_path, json_path
 
@@ -165,7 +169,8 @@ def export_lms(course: Path, lms_name: str, out_dir: Path | None = None,
 def status(course: Path) -> dict[str, list[str]]:
     """Submissions by state: pending (collected, not graded in this version), graded, failed,
     inconclusive, flagged, unisolated (graded with --unisolated), uncalibrated (a re-measured cell held to the
-    conservative rule, no bar being calibrated here: --no-calibration); the last four overlap graded."""
+    conservative rule, no bar being calibrated here: --no-calibration); the last four overlap graded; copies
+    (`lab:a~b`, pairs whose home measurements one run made, both flagged)."""
     course = Path(course).resolve()
     state = State.load(course)
     out: dict[str, list[str]] = {"pending": [], "graded": [], "failed": [], "inconclusive": [], "flagged": [],
@@ -183,4 +188,5 @@ def status(course: Path) -> dict[str, list[str]]:
             out["unisolated"].append(rec.key)
         if rec.uncalibrated:
             out["uncalibrated"].append(rec.key)
+    out["copies"] = [f"{p['lab']}:{'~'.join(p['students'])}" for p in copies.pairs(course)]
     return out
