@@ -118,7 +118,7 @@ def test_a_bar_holds_only_for_the_model_and_data_it_was_calibrated_on(tmp_path: 
     old = _expectations(tmp_path / "old", before_models)
     assert load_expectation("lab03_amp", "cpu", directory=old, workload=base).calibrated
     other = load_expectation("lab03_amp", "cpu", directory=old, workload=base.replace(model="resnet34"))
-    assert not other.calibrated and "calibrated at resnet18 at 64 px" in other.reason
+    assert not other.calibrated and "calibrated on resnet18 at 64 px" in other.reason
     assert "this run is resnet34 at 64 px" in other.reason
     on_folder = load_expectation("lab03_amp", "cpu", directory=old, workload=base.replace(data=str(tmp_path)))
     assert not on_folder.calibrated and f"{tmp_path} data" in on_folder.reason

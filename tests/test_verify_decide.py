@@ -201,7 +201,7 @@ def test_a_calibration_holds_only_at_the_sizes_it_measured(tmp_path):
     other = load_expectation("amp_bf16", "cpu-x", directory=tmp_path,
                              workload=TrainConfig(data="tiny", image_size=32, batch_size=8))
     assert not other.calibrated and other.threshold == expectations.PARITY_BAR
-    assert "calibrated at 64 px, batch 32, small data, this run is 32 px, batch 8, tiny data" in other.reason
+    assert "calibrated on resnet18 at 64 px, batch 32, small data, this run is resnet18 at 32 px, batch 8, tiny data" in other.reason
 
 
 def test_a_calibration_timed_at_another_thread_count_does_not_hold(tmp_path):

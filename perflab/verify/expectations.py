@@ -216,7 +216,7 @@ def _other_workload(entry: dict[str, Any], workload: Any) -> str | None:
     measured, here = _measured_fields(entry["baseline"]), _measured_fields(workload)
     if measured == here:
         return None
-    return f"calibrated at {_workload_text(measured)}, this run is {_workload_text(here)}"
+    return f"calibrated on {_workload_text(measured)}, this run is {_workload_text(here)}"
 
 
 def other_threads(doc: dict[str, Any]) -> str | None:
