@@ -371,6 +371,28 @@ def contradicted(recorded_low: float | None, where: Any, verdict: Mapping[str, A
             "person will look at it")
 
 
+def hold_against(records: Iterable[tuple[float | None, Any]], remeasure: Callable[[], tuple[Any, Any]],
+                 baseline: Any, what: str) -> None:
+    """Raise Suspicious (0 points, flagged) where one of `records` ((its CI's low end, its `stamp`)) is
+    `contradicted` by the grader's re-measurement (`remeasure()`: a verdict and its expectation). A
+    re-measurement that fails holds nothing: the verified cell meets the same fault and says so."""
+    from perflab.grading.marks import Suspicious
+    from perflab.labs import common
+
+    records = list(records)
+    if not records:
+        return
+    try:
+        verdict, expectation = remeasure()
+    except Exception:  # noqa: BLE001 - see above
+        return
+    measured = common.verdict_record(verdict, expectation)
+    for low, where in records:
+        why = contradicted(low, where, measured, baseline, what)
+        if why:
+            raise Suspicious(why)
+
+
 # ---------------------------------------------------------------------------------------------
 # Comparisons, as recorded
 

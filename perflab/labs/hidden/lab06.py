@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from perflab import env
-from perflab.grading.judging import Context, Mark, Suspicious, check_here
+from perflab.grading.judging import Context, Mark, check_here
 from perflab.grading.probing import decode_float
 from perflab.labs import lab03, lab06, lab06_checks, lab06_measure, lab06_memory, predict
 from perflab.labs.hidden import lab03 as hidden03
@@ -427,22 +427,13 @@ def recorded_ablations(final: TrainConfig, ctx: Context) -> list[tuple[float, An
 def not_contradicted(final: TrainConfig, observed: Mapping[str, Any], ctx: Context) -> None:
     """Suspicious (0 points, flagged) where the home ablation that timed FINAL, made on this machine and
     workload, reads faster than the grader's re-measurement of FINAL allows (`homework.contradicted`)."""
-    from perflab.labs import common, homework
+    from perflab.labs import homework
 
     if ctx.measured_at_home is None or final == lab06.baseline_config(ctx.mode):
         return
-    records = recorded_ablations(final, ctx)
-    if not records:
-        return
-    try:
-        verdict, expectation = remeasured(final, ctx.observed("test_final_verified"), ctx)
-    except Exception:  # noqa: BLE001 - the verified cell meets the same fault and says so; nothing to hold here
-        return
-    measured = common.verdict_record(verdict, expectation)
-    for low, where in records:
-        why = homework.contradicted(low, where, measured, lab06.baseline_config(ctx.mode), "FINAL")
-        if why:
-            raise Suspicious(why)
+    homework.hold_against(recorded_ablations(final, ctx),
+                          lambda: remeasured(final, ctx.observed("test_final_verified"), ctx),
+                          lab06.baseline_config(ctx.mode), "FINAL")
 
 
 def judge_final_verified(observed: Any, ctx: Context) -> Mark:
