@@ -41,9 +41,8 @@ NOT_ANSWERS = {
     "reference_notebook": "demo: fills a released notebook from the instructor's solution source, "
                           "which the kit does not hold",
 }
-# The moved answer keys, by the contract that held them: a released notebook may read them, and none
-# may answer (`MOVED`, module `__getattr__`).
-MOVED_KEYS = {lab02: ("reference_best",), lab03: ("reference_best", "calibration_pair"),
+# The answer keys each student contract once held (now on the grader's side): a cell reading one fails.
+FORMER_KEYS = {lab02: ("reference_best",), lab03: ("reference_best", "calibration_pair"),
               lab04: ("calibration_pair",),
               lab06: ("reference_final", "reference_decisions", "calibration_pair", "plan_changes",
                       "loader_change", "precision_change")}
@@ -100,10 +99,9 @@ def test_the_grader_side_holds_every_answer_key():
 
 
 def test_a_student_cell_reading_the_answer_key_fails():
-    for module, names in MOVED_KEYS.items():
+    for module, names in FORMER_KEYS.items():
         for name in names:
             assert not hasattr(module, name), f"{module.__name__}.{name}: the student's kit must not answer it"
-            assert name not in getattr(module, "MOVED", {}), f"{module.__name__}.{name} is answered from MOVED"
     with pytest.raises(AttributeError):
         exec("BEST = lab02.reference_best()", {"lab02": lab02})
     with pytest.raises(AttributeError):

@@ -345,9 +345,3 @@ def test_the_model_flops_reference_handles_a_batch_of_one_at_32_px() -> None:
     resnet = lab01_checks.build_flops_models(case)[0]
     assert hidden01._flop_counter(resnet, torch.zeros(case["shape"])) > 0
     assert resnet.training, "the model comes back in the mode it was in"
-
-
-def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
-    assert lab01.trace_names is lab01_checks.trace_names and lab01.VISIBLE_TIMER is lab01_checks.VISIBLE_TIMER
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        lab01.not_a_name  # noqa: B018

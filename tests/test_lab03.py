@@ -422,15 +422,6 @@ def test_loss_curves_run_on_a_fed_gpu_baseline(tiny_data, monkeypatch: pytest.Mo
     assert len(curves["fp32"]) == 2 and all(math.isfinite(v) for v in curves["fp32"])
 
 
-def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
-    from perflab.labs import lab03_checks, lab03_figures
-
-    assert lab03.loss_curves is lab03_figures.loss_curves and lab03.compare_precisions is lab03_figures.compare_precisions
-    assert lab03.FIRST_STEP_RTOL is lab03_checks.FIRST_STEP_RTOL
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        lab03.not_a_name  # noqa: B018
-
-
 # ---------------------------------------------------------------------------------------------
 # Predict, then measure
 

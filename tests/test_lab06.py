@@ -390,14 +390,6 @@ def test_report_check_finds_missing_parts(tmp_path) -> None:
     assert "not valid" in lab06_checks.report_problems(page, res)[0]
 
 
-def test_a_notebook_released_before_the_split_still_finds_the_moved_helpers() -> None:
-    assert lab06.screen is lab06_measure.screen and lab06.measure_chain is lab06_measure.measure_chain
-    assert lab06.read_analysis is lab06_report.read_analysis and lab06.find_results is lab06_report.find_results
-    assert lab06.CUMULATIVE_FILE is lab06_checks.CUMULATIVE_FILE
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        lab06.not_a_name  # noqa: B018
-
-
 # ---------------------------------------------------------------------------------------------
 # The ablation's timing: two identical configurations do not differ
 

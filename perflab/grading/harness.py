@@ -43,7 +43,7 @@ def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] |
                 if exc.name != name:
                     raise
                 continue
-            probes = vars(module).get("PROBES")  # the module's own, not a moved name's lookup
+            probes = getattr(module, "PROBES", None)
             if probes is not None:
                 return dict(probes)
     path = Path(folder or Path.cwd()) / PROBES_FILE

@@ -4,11 +4,10 @@ The student writes these functions in `labs/lab01_measure/lab01_measure.ipynb`. 
 stated once, here; the modules that check it import this one, never the reverse. The visible tests
 call the checks of `perflab.labs.lab01_checks` (`check_preprocess_fixed`, `check_trace`) with the
 student's function. The grader decides every autograded cell from what the probes of
-`perflab.labs.lab01_probes` (`PROBES`, answered here too: the grader looks for it here) return: the
+`perflab.labs.lab01_probes` (`PROBES`) return: the
 student's raw outputs on inputs drawn from the grader's seed by the public case generators of
 `lab01_checks`; the judges and the reference answers they compare against live in the grader-only
-`perflab/labs/hidden/lab01.py`. Names that moved out of this module are answered from their new home
-(`MOVED`), for a notebook released before.
+`perflab/labs/hidden/lab01.py`.
 
 Timing
     time_callable(fn, warmup=3, repeats=20, clock=time.perf_counter, sync=None) -> dict
@@ -78,7 +77,6 @@ import torch
 from torch import nn
 
 from perflab import diagnose
-from perflab.labs import moved
 
 LAB = "lab01_measure"
 
@@ -216,24 +214,3 @@ def reset_leak() -> int:
 def random_batch(seed: int = 0, n: int = 16, size: int = 64) -> np.ndarray:
     """A uint8 batch of random images (N, H, W, 3)."""
     return np.random.default_rng(seed).integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab01_checks", (
-        "check_preprocess_fixed", "check_trace", "LEAK_GROWTH_PER_CALL", "LEAK_RSS_BYTES", "preprocess_batches",
-        "observe_preprocess", "preprocess_problems", "trace_names", "trace_problems", "VISIBLE_TIMER",
-        "TIMER_BAD_ARGS", "timer_cases", "observe_timer", "conv_spec", "build_conv", "build_linear",
-        "counting_cases", "model_flops_case", "build_flops_models", "memory_cases", "build_memory_model",
-        "visible_memory_net", "leak_case", "observe_leaks", "profile_active_steps", "observe_profile_training",
-        "conv_bytes_cases", "roofline_cases", "VISIBLE_ROOFLINE", "VISIBLE_BOTTLENECK", "bottleneck_cases",
-        "STAGE_GRID_STEP", "RIDGE_GRID", "GRID_PEAK_FLOPS", "stage_grid", "grid_phases", "lab_layers",
-        "observe_verdict_grid", "quiet_call")),
-    ("perflab.labs.lab01_probes", ("PROBES",)),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

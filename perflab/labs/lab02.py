@@ -59,11 +59,9 @@ Elsewhere, each importing this module and never imported by it: the checks the v
 (`loader_problems`, `order_problems`, `check_best`) with their machinery and the grader's cases in
 `perflab.labs.lab02_checks`; the notebook's timing helper `loader_pace` in
 `perflab.labs.lab02_measure`; `make_augment`'s cases and checks in `perflab.labs.lab02_augment`;
-`PROBES`, what the grader reads from a notebook, in `perflab.labs.lab02_probes` (answered here too:
-the grader looks for it here). The hidden tests' checks (random cases drawn from a seed,
-AssertionError on the first problem) and the answer key (`reference_best`, the loader calibration
-times) live in the grader-only `perflab/labs/hidden/lab02.py`. Names that moved out of this module
-are answered from their new home (`MOVED`), for a notebook released before.
+`PROBES`, what the grader reads from a notebook, in `perflab.labs.lab02_probes`. The hidden tests'
+checks (random cases drawn from a seed, AssertionError on the first problem) and the answer key
+(`reference_best`, the loader calibration times) live in the grader-only `perflab/labs/hidden/lab02.py`.
 """
 
 from __future__ import annotations
@@ -75,7 +73,7 @@ from typing import Any
 import torch
 
 from perflab import env
-from perflab.labs import homework, moved
+from perflab.labs import homework
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -362,21 +360,3 @@ def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None 
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
 PREDICTIONS = {"workers": ("PREDICT_WORKERS", "WHY_WORKERS"), "crowded": ("PREDICT_CROWDED", "WHY_CROWDED"),
                "augment": ("PREDICT_AUGMENT", "WHY_AUGMENT")}
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab02_checks", (
-        "loader_problems", "order_problems", "check_best", "sample_problems", "epochs_of", "observe_epochs",
-        "epochs_problems", "order_settings", "observe_orders", "orders_problems", "VISIBLE_LOADER_CASES",
-        "VISIBLE_ORDER_CASE", "make_loader_cases", "order_cases", "data_wait_cases", "DATA_WAIT_BAD_STEPS",
-        "SLOW_LOADER_S", "SLOW_STEP_S", "observe_data_wait", "pick_workers_cases", "PICK_WORKERS_BAD")),
-    ("perflab.labs.lab02_measure", ("loader_pace",)),
-    ("perflab.labs.lab02_probes", ("PROBES",)),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

@@ -48,10 +48,9 @@ and AMP_CONFIG with their machinery and tolerances in `perflab.labs.lab03_checks
 (`parity_problems`, `low_precision_problems`, `scaler_problems`, `check_config`), the census check
 in `perflab.labs.lab03_census` (`census_problems`); what the notebook measures and draws in
 `perflab.labs.lab03_figures`; `PROBES`, what the grader reads from a notebook, in
-`perflab.labs.lab03_probes` (answered here too: the grader looks for it here); the judges, the
+`perflab.labs.lab03_probes`; the judges, the
 reference census and the answer key (`reference_best`, the AMP_CONFIG calibration times, and
-`calibration_pair`) in the grader-only `perflab/labs/hidden/lab03.py`. Names that moved out of this
-module are answered from their new home (`MOVED`), for a notebook released before.
+`calibration_pair`) in the grader-only `perflab/labs/hidden/lab03.py`.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ from typing import Any
 import torch
 
 from perflab import env
-from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -340,30 +338,3 @@ def devices() -> list[str]:
 # The prediction written before the headline measurement, by the key of its graded cell
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
 PREDICTIONS = {"amp": ("PREDICT_AMP", "WHY_AMP")}
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab03_checks", (
-        "parity_problems", "low_precision_problems", "scaler_problems", "check_config", "config_parity_problems",
-        "FIRST_STEP_RTOL", "TRAJECTORY_RTOL", "RESNET_FIRST_STEP_RTOL", "RESNET_TRAJECTORY_RTOL",
-        "CONFIG_GATE_STEPS", "LOSS_ATOL", "PARITY_STEPS", "SAFE_SCALE", "OVERFLOW_SCALE", "UPDATE_RTOL",
-        "NAN_STEPS", "NAN_INIT_SCALE", "CHECK_LR", "CHECK_MOMENTUM", "CHECK_THREADS", "Problem", "fp32_step",
-        "observe_parity", "parity_from", "observe_low_precision", "low_precision_from", "observe_scaler",
-        "scaler_from", "loss_float", "one_thread")),
-    ("perflab.labs.lab03_census", (
-        "census_problems", "CENSUS_FILE", "census_case", "census_inputs", "stored_census", "observe_census",
-        "census_from")),
-    ("perflab.labs.lab03_figures", (
-        "CENSUS_SKIP_OPS", "loss_curves", "curve_summary", "op_census", "census_rows", "census_table",
-        "plot_census", "plot_loss_curves", "compare_precisions", "speedup_rows", "plot_speedups",
-        "matmul_shapes")),
-    ("perflab.verify.tolerance", ("LOSS_TOLERANCE", "LOSS_TRAJECTORY_RTOL")),
-    ("perflab.labs.lab03_probes", ("PROBES",)),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

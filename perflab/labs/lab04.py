@@ -91,8 +91,7 @@ from here), and `PROBES`, what the grader reads from a notebook.
 Elsewhere, each importing this module and never imported by it: the memory model and the notebook's
 measurements in `perflab.labs.lab04_measure`; the observation programs, cases and traces in
 `perflab.labs.lab04_checks`; the judges, references and tolerances, and the pair calibration times
-(`calibration_pair`), in the grader-only `perflab/labs/hidden/lab04.py`. Names that moved out of
-this module are answered from their new home (`MOVED`), for a notebook released before.
+(`calibration_pair`), in the grader-only `perflab/labs/hidden/lab04.py`.
 """
 
 from __future__ import annotations
@@ -112,7 +111,7 @@ import torch
 from torch import nn
 
 from perflab import env, memory, workload
-from perflab.labs import homework, moved, predict
+from perflab.labs import homework, predict
 from perflab.workload import TrainConfig
 
 LAB = "lab04_memory"
@@ -506,25 +505,3 @@ PROBES = {
     "accumulate_hidden": _probe_function("accumulate_gradients"),
     **{f"test_predict_{key}": predict.prober(name, why) for key, (name, why) in PREDICTIONS.items()},
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab04_measure", (
-        "quiet", "cross_entropy_on", "MemoryModel", "memory_model", "fit_line", "full_batch_grads",
-        "batchnorm_gap")),
-    ("perflab.labs.lab04_checks", (
-        "NUM_PROJECTIONS", "StagedNet", "STAGED_NET_STAGES", "warm_bn", "CheckpointCase", "visible_checkpoint_case",
-        "checkpoint_cases", "projections", "bn_state", "train_step_of", "trace_checkpoint", "raised",
-        "observe_checkpoint", "memory_function", "resnet_memory", "visible_largest_batch_cases",
-        "largest_batch_cases", "model_budget_cases", "LARGEST_BATCH_BAD", "observe_largest_batch",
-        "visible_accumulate_case", "accumulate_cases", "accumulate_setup", "ACCUMULATE_BAD",
-        "observe_accumulate", "OBSERVERS", "OBSERVATION_THREADS", "observation_threads", "observation_program")),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here
-

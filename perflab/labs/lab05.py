@@ -64,9 +64,8 @@ compile of each mode; `as_decided`, CHOICE).
 Elsewhere, each importing this module and never imported by it: the visible gate
 `check_compiled_matches_eager` with the checks' inputs, observations and tolerances in
 `perflab.labs.lab05_checks`; `PROBES`, what the grader reads from a notebook, in
-`perflab.labs.lab05_probes` (answered here too: the grader looks for it here); the judges and reference
-answers in the grader-only `perflab/labs/hidden/lab05.py`. Names that moved out of this module are
-answered from their new home (`MOVED`), for a notebook released before.
+`perflab.labs.lab05_probes`; the judges and reference
+answers in the grader-only `perflab/labs/hidden/lab05.py`.
 """
 
 from __future__ import annotations
@@ -82,11 +81,10 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.labs import homework, moved
+from perflab.labs import homework
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
-    KEEP_ABOVE,
     FakeClock,
     accepted,
     inconclusive_policy,
@@ -120,9 +118,6 @@ EXPECTATION_RESNET = "compile"
 EXPECTATION_SMALL = "lab05_compile_small"
 # The mode the reference solution compiles with when calibrating: the one that works on every device.
 REFERENCE_MODE = "default"
-# Whether a mode is worth compiling is the kit's one keep rule (`common.keep_rule`), as in labs 3 and 6.
-# MIN_GAIN is its line, kept for a notebook released when this lab had a line of its own.
-MIN_GAIN = KEEP_ABOVE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,23 +547,3 @@ def verify_choice(choice: str | None, claim: float | None = None, mode: str | No
 # The predictions written before a headline measurement, by the key of their graded cell
 # (`test_predict_<key>`): the value's name and its one line of why.
 PREDICTIONS = {"break_even": ("PREDICT_BREAK_EVEN", "WHY_BREAK_EVEN")}
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab05_checks", (
-        "check_compiled_matches_eager", "COMPILED_RTOL", "COMPILED_ATOL", "compiled_from", "observe_compiled",
-        "break_one_item", "break_branch_and_numpy", "break_none", "break_print_twice", "BREAK_PROBES",
-        "break_cases", "fixed_cases", "fixed_block_cases", "VISIBLE_FIXED_CASES", "paired_for", "observe_fixed",
-        "measure_compile_cases", "observe_measure_compile", "observe_reset", "BREAK_EVEN_FIXED",
-        "BREAK_EVEN_VISIBLE", "BREAK_EVEN_BAD", "break_even_cases", "no_recompile_cases",
-        "observe_no_recompile")),
-    ("perflab.labs.lab05_dynamo", ("NOISY_LOGGERS",)),
-    ("perflab.labs.lab05_probes", ("PROBES",)),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

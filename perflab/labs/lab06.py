@@ -57,13 +57,11 @@ the report (`cumulative_problems`, against the rows stored for the visible examp
 with their machinery and random cases in `perflab.labs.lab06_checks`; what the notebook measures
 (screening, the ablation's block times, accuracy, MFU) in `perflab.labs.lab06_measure`; the analysis
 and results files the report is built from in `perflab.labs.lab06_report`; `PROBES`, what the grader
-reads from a notebook, in `perflab.labs.lab06_probes` (answered here too: the grader looks for it
-here); the judges and reference answers in the grader-only `perflab/labs/hidden/lab06.py`, the
-answer key among them (the changes the calibration says this hardware benefits from, `plan_changes`;
-the reference decisions and FINAL, `reference_decisions` and `reference_final`; `calibration_pair`).
-The memory model, which the plan needs, is `perflab.labs.lab06_memory` (it imports nothing of
-lab 6). Names that moved out of this module are answered from their new home (`MOVED`), for a
-notebook released before.
+reads from a notebook, in `perflab.labs.lab06_probes`; the judges and reference answers in the
+grader-only `perflab/labs/hidden/lab06.py`, the answer key among them (the changes the calibration
+says this hardware benefits from, `plan_changes`; the reference decisions and FINAL,
+`reference_decisions` and `reference_final`; `calibration_pair`). The memory model, which the plan
+needs, is `perflab.labs.lab06_memory` (it imports nothing of lab 6).
 """
 
 from __future__ import annotations
@@ -74,7 +72,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab import env, stats, workload
-from perflab.labs import moved
 from perflab.labs.common import (  # noqa: F401
     INCONCLUSIVE_ENV,
     INCONCLUSIVE_POLICIES,
@@ -439,27 +436,3 @@ def verify_final(final: TrainConfig, claim: float | None = None, mode: str | Non
 # The prediction written before the headline measurement, by the key of its graded cell
 # (`test_predict_<key>`): the value's name and its one line of why (`perflab.labs.predict`).
 PREDICTIONS = {"cumulative": ("PREDICT_CUMULATIVE", "WHY_CUMULATIVE")}
-
-
-# ---------------------------------------------------------------------------------------------
-# Names that moved out of this contract, and the module each lives in now: a notebook released before
-# reads them here (`__getattr__`, warning once per name with a MovedNameWarning, hidden by default).
-
-MOVED = moved.table([
-    ("perflab.labs.lab06_checks", (
-        "cumulative_problems", "check_report", "CUMULATIVE_FILE", "stored_cumulative", "close_to",
-        "rows_problems", "VISIBLE_ABLATION", "VISIBLE_TABLES", "REPORT_CAP_BYTES", "random_measurements",
-        "random_rows", "cumulative_cases", "table_cases", "observe_cumulative", "read_capped",
-        "report_problems")),
-    ("perflab.labs.lab06_measure", (
-        "PRIME_STEPS", "screen", "measure_chain", "step_stat", "measure_accuracy", "mfu")),
-    ("perflab.labs.lab06_memory", (
-        "MEMORY_BUDGET_SHARE", "MIN_MEMORY_BATCH", "OPTIMIZER", "memory_budget_bytes", "training_memory",
-        "memory_vs_batch", "largest_batch", "needs_checkpointing")),
-    ("perflab.labs.lab06_report", (
-        "UNANSWERED", "read_analysis", "find_results", "DECISION_LABS", "earlier_decisions")),
-    ("perflab.labs.lab06_probes", ("PROBES",)),
-])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here

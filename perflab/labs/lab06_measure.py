@@ -5,8 +5,7 @@ each kept change left out beside it, `measure_ablation`),
 the `baseline` results section from block times (`step_stat`), the short fixed-seed training run
 behind the accuracy gate (`measure_accuracy`) and model FLOPs utilisation (`mfu`). The notebook uses
 them; the grader-only judges run `measure_accuracy` on the exported FINAL. Imports the contract
-`perflab.labs.lab06`, never the reverse. The memory model moved to `perflab.labs.lab06_memory`
-(answered here too, `MOVED`, for a notebook released before).
+`perflab.labs.lab06`, never the reverse. The memory model is `perflab.labs.lab06_memory`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from perflab import env, stats
-from perflab.labs import moved
 from perflab.labs.lab06 import CI_SEED, QUANTILE, LabSizes, baseline_config, sizes
 from perflab.timing import PRIME_CALLS, interleaved_blocks
 from perflab.workload import AMP_DTYPES, TrainConfig
@@ -255,13 +253,3 @@ def mfu(config: TrainConfig, step_seconds: float) -> dict[str, Any]:
     return {"achieved_flops_per_s": flops / step_seconds, "peak_flops": float(peak),
             "flops_per_step": int(flops), "step_seconds": step_seconds,
             "dtype": str(dtype).removeprefix("torch."), "peak_source": str(getattr(peaks, "source", ""))}
-
-
-# The memory model moved to perflab.labs.lab06_memory (the contract plans checkpointing with it); a
-# notebook released before reads its names here (warning once per name, hidden by default).
-MOVED = moved.table([("perflab.labs.lab06_memory", (
-    "MEMORY_BUDGET_SHARE", "MIN_MEMORY_BATCH", "OPTIMIZER", "memory_budget_bytes", "training_memory",
-    "memory_vs_batch", "largest_batch", "needs_checkpointing"))])
-
-
-__getattr__ = moved.lookup(__name__, MOVED)  # names released notebooks read here
