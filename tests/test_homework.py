@@ -266,8 +266,8 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Lab 2's decision record carries the worker counts the notebook's sweep measured at home; a BEST
     typed in from elsewhere (a GPU server's 8 workers, where this machine's sweep went to 4) loses the
-    decision's cell and says why; the baseline, a swept count, a record without counts (a notebook
-    released before it carried them), no submission read, and a grader on another kind of device all
+    decision's cell and says why; the baseline, a swept count, a record without counts (`as_decided`
+    called without `swept`), no submission read, and a grader on another kind of device all
     pass."""
     from perflab.labs import lab02
     from perflab.labs.hidden import lab02 as hidden02
@@ -282,8 +282,8 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
     typed = base.replace(num_workers=8, persistent_workers=True)
     with pytest.raises(AssertionError, match=r"never measured 8 loader workers at home.*measured 0, 1, 2, 4 workers"):
         hidden02.measured_at_home(typed, _ctx(lab02.LAB, home))
-    released_before = [{**home[-1], "value": {k: v for k, v in home[-1]["value"].items() if k != "swept"}}]
-    for entries in (released_before, [], None):
+    without_counts = [{**home[-1], "value": {k: v for k, v in home[-1]["value"].items() if k != "swept"}}]
+    for entries in (without_counts, [], None):
         hidden02.measured_at_home(typed, _ctx(lab02.LAB, entries))
     # The simulated CUDA grading machine: a laptop's record was not replayed there (the notebook decided
     # again from the GPU server's own sweep, which went to 8 workers), so it is not judged on it.
@@ -291,7 +291,7 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
     hidden02.measured_at_home(typed, _ctx(lab02.LAB, home))
 
 
-def test_a_chain_timed_by_a_notebook_released_before_leave_one_out_replays_and_counts_as_measured(
+def test_a_chain_timed_at_home_with_measure_chain_replays_and_counts_as_measured(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from perflab.labs import lab06_probes
     from perflab.labs.hidden import lab06 as hidden06

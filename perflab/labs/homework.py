@@ -5,7 +5,7 @@ measurements, and the grade on the grader's re-measurement of what was decided. 
 repeats the homework:
 
 * At home (any kernel the autograder does not run), a kit measurement that a decision reads, lab 6's
-  screening, ablation (`measure_ablation`, or `measure_chain` in a notebook released before it) and
+  screening, ablation (`measure_ablation` or `measure_chain`) and
   accuracy run, lab 3's comparison of precisions, lab 5's compile of each mode and lab 2's loader sweeps
   (`lab02_measure.measured`), runs in full and shows its
   raw samples as an output of its cell (`HOMEWORK_MIME`, beside one line of text). Saving the notebook
@@ -204,8 +204,8 @@ def smallest(sizes: T, *, replayed: str | None, **budget: Any) -> T:
     in the grading kernel, unchanged at home. `budget` may name only the budgets of measurements the
     grading kernel replays (recorded by `measured` as `replayed`) or that no decision reads: a comparison
     the submitted code decides from in the grading kernel keeps its budget. Where the notebook carries no
-    record of `replayed` made on this kind of device (not saved after running, released before the
-    record, or run at home on a laptop's CPU and graded on a GPU), the budgets stay, so the notebook
+    record of `replayed` made on this kind of device (not saved after running, or run at home on a
+    laptop's CPU and graded on a GPU), the budgets stay, so the notebook
     decides on a measurement. `replayed=None`: the timing steers no decision (lab 4's), so the budgets
     are always the smallest in the grading kernel."""
     if not _grading_kernel():

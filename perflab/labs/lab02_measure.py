@@ -4,7 +4,7 @@ and how its loader measurements travel from the home run to the grader.
 `measured` records each of the notebook's loader measurements at home and replays it when graded.
 `loader_pace` gives `timing.compare` the block size and lead-in that time each side at the pace its
 loader sustains, as the grader's re-measurement does (`perflab.verify.pace`). It needs nothing of the
-contract `perflab.labs.lab02`, which answers the name too for a notebook released before.
+contract `perflab.labs.lab02`.
 """
 
 from __future__ import annotations

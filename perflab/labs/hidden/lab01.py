@@ -1,5 +1,5 @@
 """Lab 01's judges: the grader's decision on every autograded cell, from the observations the lab's
-probes (`perflab.labs.lab01.PROBES`) returned, and the reference answers they compare against.
+probes (`perflab.labs.lab01_probes.PROBES`) returned, and the reference answers they compare against.
 Grader-only: the student bundle and the grading sandbox leave this module out.
 
 Each judge draws the probe's inputs again from the grader's seed with the public case generators of

@@ -1,5 +1,5 @@
 """Lab 02's judges: the grader's decision on every autograded cell, from the observations the lab's
-probes (`perflab.labs.lab02.PROBES`) returned. Grader-only: the student bundle and the grading
+probes (`perflab.labs.lab02_probes.PROBES`) returned. Grader-only: the student bundle and the grading
 sandbox leave this module out.
 
 Each judge draws the probe's inputs again from the grader's seed, computes the reference answer here
@@ -179,10 +179,9 @@ def measured_at_home(best: TrainConfig, ctx: Context) -> None:
     """BEST's worker count must be one the notebook's own sweep measured at home (or the baseline's, kept
     after measuring): a loader typed in from elsewhere (a classmate's 8 workers where this machine's sweep
     went to 4) earns the re-measurement's points only. A submission whose decision record names no sweep
-    (a notebook released before the record carried it, or not run at home: its sweep then ran in the
-    grading kernel) is not judged on it, and neither is one made on another kind of device than the
-    grader's: there the notebook decided again from the grading run's own sweep (a laptop's sweep went to
-    4 workers, a GPU server's to 8)."""
+    (not run at home: its sweep then ran in the grading kernel) is not judged on it, and neither is one
+    made on another kind of device than the grader's: there the notebook decided again from the grading
+    run's own sweep (a laptop's sweep went to 4 workers, a GPU server's to 8)."""
     from perflab.labs import homework
 
     if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests

@@ -3,7 +3,7 @@
 this module out.
 
 Each judge in `JUDGES` decides one autograded cell from what the lab's probe
-(`perflab.labs.lab03.PROBES`) returned: it draws the same problems from the grader's seed, computes
+(`perflab.labs.lab03_probes.PROBES`) returned: it draws the same problems from the grader's seed, computes
 the FP32 references and the expected census here (`perflab.labs.lab03_checks.*_from`), and raises
 AssertionError with the student's feedback line on the first problem. AMP_CONFIG's correctness run
 and its re-measurement happen here too. A solution notebook's hidden blocks run probe and judge

@@ -2,7 +2,7 @@
 and the grading sandbox leave this module out.
 
 Each judge in `JUDGES` decides one autograded cell from what the lab's probe
-(`perflab.labs.lab05.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
+(`perflab.labs.lab05_probes.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
 reference here (dynamo's own break lines, eager BrokenBlock's outputs, the break-even step count, the
 re-measurement of CHOICE) and raises AssertionError with the student's feedback line on the first
 problem. A solution notebook's hidden blocks run probe and judge in-process with

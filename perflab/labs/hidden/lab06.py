@@ -3,7 +3,7 @@ reference plan and decisions, `reference_final`, `calibration_pair`); grader-onl
 and the grading sandbox leave this module out.
 
 Each judge in `JUDGES` decides one autograded cell from what the lab's probe
-(`perflab.labs.lab06.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
+(`perflab.labs.lab06_probes.PROBES`) returned: it draws the same inputs from the grader's seed, computes the
 reference answer here, and raises AssertionError with the student's feedback line on the first
 problem. The re-measured speedup and the accuracy run happen here too, from the exported FINAL.
 A solution notebook's hidden blocks run probe and judge in-process with `check(grade_id, globals())`.
@@ -339,7 +339,7 @@ def measured_at_home(final: TrainConfig, ctx: Context) -> None:
     if ctx.measured_at_home is None:  # no submission was read: a solution checking itself, the kit's tests
         return
     wanted = homework.change_groups(lab06.baseline_config(ctx.mode), final)
-    # measure_ablation's record, or measure_chain's (what a notebook released before leave-one-out timed)
+    # measure_ablation's record, or measure_chain's
     for key in [*homework.keys_of(ctx.measured_at_home, "lab06.ablation"),
                 *homework.keys_of(ctx.measured_at_home, "lab06.chain")]:
         steps = key.get("changes") if isinstance(key, Mapping) else None
