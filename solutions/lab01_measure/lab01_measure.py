@@ -19,17 +19,17 @@
 #
 # | part | instrument | you write | points |
 # | --- | --- | --- | --- |
-# | 1 | a timer: warm-up, sync, median and tails | `time_callable` | 10 |
-# | 2 | FLOPs and parameters by closed form, checked against `FlopCounterMode` | `conv2d_flops`, `linear_flops`, `conv2d_params`, `linear_params`, `model_forward_flops` | 12 |
-# | 3 | the memory budget of a training step | `training_memory_budget` | 8 |
+# | 1 | a timer: warm-up, sync, median and tails | `time_callable` | 10 <!-- time_callable_visible time_callable_hidden --> |
+# | 2 | FLOPs and parameters by closed form, checked against `FlopCounterMode` | `conv2d_flops`, `linear_flops`, `conv2d_params`, `linear_params`, `model_forward_flops` | 12 <!-- counting_visible counting_hidden_layers counting_hidden_model --> |
+# | 3 | the memory budget of a training step | `training_memory_budget` | 8 <!-- memory_budget_visible memory_budget_hidden --> |
 # | 4 | cProfile + pstats on the training loop | (you read it) | — |
 # | 5 | line_profiler on the data pipeline | (you read it) | — |
-# | 6 | a memory profiler on a leaking preprocessing step | `find_leak`, `preprocess_fixed` | 10 |
-# | 7 | torch.profiler with a schedule, phase labels and a trace | `profile_training` | 8 |
-# | 8 | the roofline | `conv2d_bytes`, `roofline_verdict` | 7 |
-# | 9 | the verdict: data or model, compute or memory | `bottleneck_verdict` | 10 |
-# | 10 | the mystery pipeline: find its planted bottlenecks, fix them, read its trace | `DIAGNOSIS`, a fixed copy, `TRACE_ANSWERS` | 18 |
-# | — | written analysis (graded by hand) | three answers | 17 |
+# | 6 | a memory profiler on a leaking preprocessing step | `find_leak`, `preprocess_fixed` | 10 <!-- find_leak_visible find_leak_hidden preprocess_fixed_check --> |
+# | 7 | torch.profiler with a schedule, phase labels and a trace | `profile_training` | 8 <!-- profile_training_visible profile_training_hidden --> |
+# | 8 | the roofline | `conv2d_bytes`, `roofline_verdict` | 7 <!-- roofline_visible roofline_hidden --> |
+# | 9 | the verdict: data or model, compute or memory | `bottleneck_verdict` | 10 <!-- bottleneck_visible bottleneck_rule_hidden bottleneck_here --> |
+# | 10 | the mystery pipeline: find its planted bottlenecks, fix them, read its trace | `DIAGNOSIS`, a fixed copy, `TRACE_ANSWERS` | 18 <!-- mystery_trace mystery_diagnosis mystery_fix --> |
+# | — | written analysis (graded by hand) | three answers | 17 <!-- answer_timing answer_profilers answer_bottleneck --> |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
 # `perflab/labs/lab01.py`: its signature, what goes in, what must come out. The visible tests below
@@ -999,6 +999,8 @@ print(verdict)
 # (data, host-device sync, compute or memory), the **component** (which function), the **operation**
 # (which line). Then fix a copy, and prove the fix. The contract (`perflab/labs/lab01_mystery.py`):
 #
+# * `TRACE_FILE` and `TRACE_ANSWERS`: numbers you read off your pipeline's torch.profiler trace — **4
+#   points**. The grader parses the same file and checks each answer.
 # * `DIAGNOSIS`: one dict per bug you found, with the `line` of `mystery_pipeline.py` where it is,
 #   its `function`, its `kind` (`"data"`, `"sync"`, `"compute"` or `"memory"`), the `tool` that showed
 #   it (one of `lab01_mystery.TOOLS`), the `evidence` (your numbers), the `fix`, and `saves`: what
@@ -1022,8 +1024,6 @@ print(verdict)
 #   submitted), and `FIX_SPEEDUP`, the speedup you measured — **6 points**. The grader re-measures your
 #   copy against the planted pipeline in its own process: it must be faster, and train exactly as the
 #   planted one does (the same losses on the same samples; a "fix" that changes the training is no fix).
-# * `TRACE_FILE` and `TRACE_ANSWERS`: numbers you read off your pipeline's torch.profiler trace — **4
-#   points**. The grader parses the same file and checks each answer.
 #
 # Your id: the grader draws your pipeline from the id it grades you under, whatever this notebook
 # says. If the line below cannot find it (it reads `PERFLAB_STUDENT_ID`, set by the grader, then what
@@ -1042,7 +1042,8 @@ print(f"run it from a terminal too: python {PIPELINE.name} --steps 30")
 # `backward` / `optimizer` labels) and writes a Chrome trace. Open it in https://ui.perfetto.dev if you
 # like, then read it with `json`: a trace is a list of events under `"traceEvents"`; a complete event
 # (`"ph": "X"`) has a `name`, a start `ts` and a duration `dur`, both in microseconds. Answer in
-# `TRACE_ANSWERS` — the grader parses the same file and checks each answer (1 point each):
+# `TRACE_ANSWERS` — the grader parses the same file and checks each answer (4 points, an equal share
+# per answer):
 #
 # * `step_ms`: the mean duration of a profiled step (the `ProfilerStep#N` events), in ms;
 # * `data_share` and `backward_share`: the time inside the `data` and the `backward` labels, over the

@@ -25,14 +25,14 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 18 |
-# | `measure_data_wait(batches, step, steps, *, clock=time.perf_counter) -> DataWait` | wall-clock seconds of `iter(batches)`, of each `next(it)` and of each `step(batch)`, and each batch's size | 15 |
-# | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 8 |
-# | `make_augment(crop)` | a `kornia.augmentation` pipeline: a batch of images in [0, 1] on any device to the model's normalised input, each image with a random resized crop, flip and colour jitter of its own | 8 |
-# | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED`; `PREDICT_AUGMENT`, `WHY_AUGMENT` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 6 |
-# | `BEST` | your fastest loader, as `BASELINE.replace(...)` of loader knobs only; it must consume the baseline's samples | 10 |
-# | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware; half without `WHY_BEST`, one line of why | 15 |
-# | four written answers | reasoning from your own measurements | 20 |
+# | `make_loader(dataset, batch_size, num_workers=0, *, seed=0, pin_memory=False, persistent_workers=False, prefetch_factor=None)` | every sample exactly once per epoch, in batches of `batch_size` (the last one smaller when the size does not divide); a shuffled order that depends only on `seed` and the epoch, **the same for every loader setting** | 18 <!-- test_make_loader_visible test_make_loader_random test_make_loader_order --> |
+# | `measure_data_wait(batches, step, steps, *, clock=time.perf_counter) -> DataWait` | wall-clock seconds of `iter(batches)`, of each `next(it)` and of each `step(batch)`, and each batch's size | 15 <!-- test_measure_data_wait_visible test_measure_data_wait_hidden --> |
+# | `pick_workers(sweep, tolerance=0.05) -> int` | the smallest worker count within `tolerance` of the best throughput | 8 <!-- test_pick_workers --> |
+# | `make_augment(crop)` | a `kornia.augmentation` pipeline: a batch of images in [0, 1] on any device to the model's normalised input, each image with a random resized crop, flip and colour jitter of its own | 8 <!-- test_make_augment_visible test_make_augment_hidden --> |
+# | `PREDICT_WORKERS`, `WHY_WORKERS`; `PREDICT_CROWDED`, `WHY_CROWDED`; `PREDICT_AUGMENT`, `WHY_AUGMENT` | your predictions, each a number and one line of why, written **before** the measurement they predict (graded on being there, never on being right) | 6 <!-- test_predict_workers test_predict_crowded test_predict_augment --> |
+# | `BEST` | your fastest loader, as `BASELINE.replace(...)` of loader knobs only; it must consume the baseline's samples | 10 <!-- test_best_samples --> |
+# | the re-measured speedup of `BEST` | held to the expectation calibrated for the grading hardware; half without `WHY_BEST`, one line of why | 15 <!-- test_best_verified --> |
+# | four written answers | reasoning from your own measurements | 20 <!-- answer_sweep answer_share answer_knobs answer_pace --> |
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs this whole
@@ -268,7 +268,7 @@ baseline_wait = measure_data_wait(make_loader(DATA, S.batch_size, 0, seed=0), tr
 print("baseline loader:", baseline_wait.describe(skip=1))
 
 # %% [markdown]
-# ## 4. How many workers? (12 points)
+# ## 4. How many workers? (17 points)
 #
 # With `num_workers=n` the loader starts `n` processes; each builds whole batches and queues them,
 # so decoding can run *while* the model trains. Two sweeps, both timed on the wall clock including
@@ -740,7 +740,7 @@ else:
     print(f"No CUDA device here ({DEVICE.type}): augmentation stays on the CPU.")
 
 # %% [markdown]
-# ## 8. Your best loader (25 points)
+# ## 8. Your best loader (40 points)
 #
 # Set `BEST` to the fastest loader your measurements support, as `BASELINE.replace(...)` changing
 # only the loader knobs `num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`

@@ -28,12 +28,12 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None) -> float` | one training step under `torch.autocast` in `dtype` (plain FP32 for `torch.float32`); with a `GradScaler`: scaled backward, `scaler.step`, `scaler.update`; gradients cleared; the unscaled loss returned | 35 |
-# | `dtype_census(model, images, labels, *, dtype) -> dict` | one forward pass and loss under autocast, counting the dtype each leaf module and the loss produced | 15 |
-# | `PREDICT_AMP`, `WHY_AMP` | your prediction of the whole step's speedup, a number and one line of why, written **before** the measurement (graded on being there, never on being right) | 2 |
-# | `AMP_CONFIG` | your fastest precision setting, as `BASELINE.replace(...)` of `amp_dtype` and `channels_last` only; it must train on the baseline's samples with losses within rounding | 5 |
-# | the re-measured speedup of `AMP_CONFIG` | held to the expectation calibrated for the grading hardware | 25 |
-# | three written answers | reasoning from your own measurements | 18 |
+# | `amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None) -> float` | one training step under `torch.autocast` in `dtype` (plain FP32 for `torch.float32`); with a `GradScaler`: scaled backward, `scaler.step`, `scaler.update`; gradients cleared; the unscaled loss returned | 35 <!-- test_amp_step_visible test_amp_step_hidden test_amp_step_scaler --> |
+# | `dtype_census(model, images, labels, *, dtype) -> dict` | one forward pass and loss under autocast, counting the dtype each leaf module and the loss produced | 15 <!-- test_census_visible test_census_hidden --> |
+# | `PREDICT_AMP`, `WHY_AMP` | your prediction of the whole step's speedup, a number and one line of why, written **before** the measurement (graded on being there, never on being right) | 2 <!-- test_predict_amp --> |
+# | `AMP_CONFIG` | your fastest precision setting, as `BASELINE.replace(...)` of `amp_dtype` and `channels_last` only; it must train on the baseline's samples with losses within rounding | 5 <!-- test_amp_config --> |
+# | the re-measured speedup of `AMP_CONFIG` | held to the expectation calibrated for the grading hardware | 25 <!-- test_amp_verified --> |
+# | three written answers | reasoning from your own measurements | 18 <!-- answer_speed answer_scaler answer_census --> |
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs the whole

@@ -26,11 +26,11 @@
 # | --- | --- | --- | --- |
 # | 1 | where training memory goes: static memory and saved activations | — | — |
 # | 2 | activation memory against batch size, and a linear fit | — | — |
-# | 3 | gradient checkpointing per ResNet stage, BatchNorm handled; which stages fit a budget at the least cost | `checkpoint_stages`, `CHECKPOINT_CHOICE` | 32 |
-# | 4 | the largest batch that fits a memory budget | `largest_batch` | 20 |
-# | 5 | what checkpointing costs: your prediction first, then re-measured by the autograder | `PREDICT_COST`, `WHY_COST` | 8 |
-# | 6 | gradient accumulation, and the BatchNorm caveat | `accumulate_gradients` | 20 |
-# | — | written analysis (graded by hand) | four answers | 20 |
+# | 3 | gradient checkpointing per ResNet stage, BatchNorm handled; which stages fit a budget at the least cost | `checkpoint_stages`, `CHECKPOINT_CHOICE` | 32 <!-- checkpoint_visible checkpoint_hidden checkpoint_batchnorm checkpoint_choice --> |
+# | 4 | the largest batch that fits a memory budget | `largest_batch` | 20 <!-- largest_batch_visible largest_batch_hidden largest_batch_model --> |
+# | 5 | what checkpointing costs: your prediction first, then re-measured by the autograder | `PREDICT_COST`, `WHY_COST` | 8 <!-- test_predict_cost checkpoint_cost_verified --> |
+# | 6 | gradient accumulation, and the BatchNorm caveat | `accumulate_gradients` | 20 <!-- accumulate_visible accumulate_hidden --> |
+# | — | written analysis (graded by hand) | four answers | 20 <!-- answer_memory_model answer_cost answer_budget answer_accumulation --> |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
 # `perflab/labs/lab04.py`: its signature, what goes in, what must come out, and the memory model the

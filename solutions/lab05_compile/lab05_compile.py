@@ -35,15 +35,15 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `graph_breaks(fn, *args) -> list[(line, reason)]` | one entry per graph break `torch._dynamo.explain` finds, with the line it broke at | 10 |
-# | `FixedBlock(BrokenBlock)` | the same outputs (and gradients) as `BrokenBlock`, with zero graph breaks | 15 |
-# | `measure_compile(build, steps, *, clock, sync) -> CompileTiming` | the first (compiling) call timed apart from the steady-state calls, after `torch._dynamo.reset()` | 10 |
-# | compiled `FixedBlock` against eager | outputs and gradients within tolerance on random inputs | 10 |
-# | `break_even_steps(compile_seconds, eager_step, compiled_step)` | steps until compiling pays off; `math.inf` when it never does | 13 |
-# | `PREDICT_BREAK_EVEN`, `WHY_BREAK_EVEN` | your prediction of the break-even, with one line of why, written **before** the measurement (graded on being there, never on being right) | 2 |
-# | `no_recompile_setup(model, dataset, batch_size, *, seed, backend)` | a compiled model and a loader that compile once over ragged epochs | 15 |
-# | `CHOICE` | the mode your measurements support (or `None`), re-measured by the autograder; half without `WHY_CHOICE`, one line of why | 10 |
-# | three written answers | reasoning from your own measurements | 15 |
+# | `graph_breaks(fn, *args) -> list[(line, reason)]` | one entry per graph break `torch._dynamo.explain` finds, with the line it broke at | 10 <!-- test_graph_breaks_visible test_graph_breaks_hidden --> |
+# | `FixedBlock(BrokenBlock)` | the same outputs (and gradients) as `BrokenBlock`, with zero graph breaks | 15 <!-- test_fixed_visible test_fixed_hidden --> |
+# | `measure_compile(build, steps, *, clock, sync) -> CompileTiming` | the first (compiling) call timed apart from the steady-state calls, after `torch._dynamo.reset()` | 10 <!-- test_measure_compile_visible test_measure_compile_hidden --> |
+# | compiled `FixedBlock` against eager | outputs and gradients within tolerance on random inputs | 10 <!-- test_compiled_matches_eager --> |
+# | `break_even_steps(compile_seconds, eager_step, compiled_step)` | steps until compiling pays off; `math.inf` when it never does | 13 <!-- test_break_even_visible test_break_even_hidden --> |
+# | `PREDICT_BREAK_EVEN`, `WHY_BREAK_EVEN` | your prediction of the break-even, with one line of why, written **before** the measurement (graded on being there, never on being right) | 2 <!-- test_predict_break_even --> |
+# | `no_recompile_setup(model, dataset, batch_size, *, seed, backend)` | a compiled model and a loader that compile once over ragged epochs | 15 <!-- test_no_recompile_visible test_no_recompile_hidden --> |
+# | `CHOICE` | the mode your measurements support (or `None`), re-measured by the autograder; half without `WHY_CHOICE`, one line of why | 10 <!-- test_choice_verified --> |
+# | three written answers | reasoning from your own measurements | 15 <!-- answer_modes answer_break_even answer_breaks --> |
 #
 # **Modes.** The lab runs at the sizes of `PERFLAB_MODE` (`tiny` for the kit's tests, `laptop` on a
 # CPU, `full` on a GPU, `grade` when the autograder runs it). The autograder re-runs the whole
@@ -453,7 +453,7 @@ else:
     print(f"graded workload here: {WORKLOAD} (ResNet-18 is compiled on a CUDA GPU in full or grade mode only)")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part3d", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ### 3d. Your choice (10 points for the correctness gate below, 10 for the re-measurement in part 6)
+# ### 3d. Your choice (10 points for the correctness gate below; part 6 re-measures it)
 #
 # Set `CHOICE` to what your measurements support **on the graded workload** (`GRADED_COMPARISONS`
 # below): a compile mode, or `None`, "do not compile". Decide it the way you would defend it to a
@@ -744,7 +744,7 @@ ax.legend()
 plt.show()
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part6", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 6. The autograder re-measures your choice (10 points)
+# ## 6. The autograder re-measures your choice (25 points)
 #
 # `perflab.verify` starts a fresh Python process, builds eager and `CHOICE` on the graded workload
 # (on this machine: the one printed at the top), lets both warm up (the compile happens there and is

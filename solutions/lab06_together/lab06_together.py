@@ -23,14 +23,14 @@
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
-# | `FINAL`, `CHAIN` | the greedy ablation: each of your lab 2, 3 and 5 decisions added to what you kept, screened, kept if your measurement says it pays | 5 |
-# | the re-measured speedup of `FINAL` | held to the expectation calibrated for the grading hardware | 20 |
-# | accuracy kept | `FINAL` after a short fixed-seed run within tolerance of the baseline | 15 |
-# | `cumulative_speedups(measurements, *, quantile, seed)` | each configuration's speedup over the original baseline with its paired CI | 15 |
-# | `ablation_table(rows)` | what each step added, and its share of the total gain | 10 |
-# | the report | rendered from valid results of every lab you have run | 10 |
-# | `PREDICT_CUMULATIVE`, `WHY_CUMULATIVE` | your prediction of FINAL's cumulative speedup, a number and one line of why, written **before** the ablation measures it (graded on being there, never on being right) | 2 |
-# | three written answers | your plan, the memory question and your analysis (it goes into the report) | 23 |
+# | `FINAL`, `CHAIN` | the greedy ablation: each of your lab 2, 3 and 5 decisions added to what you kept, screened, kept if your measurement says it pays | 5 <!-- test_final_config --> |
+# | the re-measured speedup of `FINAL` | held to the expectation calibrated for the grading hardware | 20 <!-- test_final_verified --> |
+# | accuracy kept | `FINAL` after a short fixed-seed run within tolerance of the baseline | 15 <!-- test_accuracy --> |
+# | `cumulative_speedups(measurements, *, quantile, seed)` | each configuration's speedup over the original baseline with its paired CI | 15 <!-- test_cumulative_visible test_cumulative_hidden --> |
+# | `ablation_table(rows)` | what each step added, and its share of the total gain | 10 <!-- test_ablation_table --> |
+# | the report | rendered from valid results of every lab you have run | 10 <!-- test_report --> |
+# | `PREDICT_CUMULATIVE`, `WHY_CUMULATIVE` | your prediction of FINAL's cumulative speedup, a number and one line of why, written **before** the ablation measures it (graded on being there, never on being right) | 2 <!-- test_predict_cumulative --> |
+# | three written answers | your plan, the memory question and your analysis (it goes into the report) | 23 <!-- answer_plan answer_memory analysis --> |
 #
 # **Hardware honesty.** What pays depends on the machine: on a GPU with tensor cores, loader
 # workers, bf16 and compilation multiply into a large speedup; on a small CPU most of them give
@@ -153,7 +153,7 @@ for plan in PLAN:
     print(f"{plan.action:>5}  {plan.change.name:<40} {dict(plan.change.fields)}\n       {plan.reason}")
 
 # %% [markdown]
-# ## 3. The greedy ablation (5 points, and 35 more below)
+# ## 3. The greedy ablation (5 points; sections 7 and 9 grade `FINAL` further)
 #
 # Build the final configuration one change at a time, starting with `current = BASELINE` and going
 # through `PLAN` in order. A **skip** stays out. A **force** goes in without screening: memory demands
