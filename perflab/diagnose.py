@@ -267,7 +267,7 @@ def _next_for_memory(knobs: Mapping[str, Any], device: str, cpu_bf16: bool, *, o
                      ) -> tuple[str, str]:
     if optimizer and knobs.get("accumulation_steps", 1) == 1:
         return ("amortise the update: --accumulation-steps N (one optimizer step per N micro-batches), "
-                "or a larger batch made to fit with --checkpoint-segments", "lab04")
+                "or a larger batch made to fit with --checkpoint-stages", "lab04")
     if not knobs.get("channels_last") and device != "mps":
         return ("--channels-last: NHWC activations spare the layout conversions around each convolution",
                 "lab03")

@@ -12,9 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,8 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from perflab import device_data, env
 from perflab.counting import restoring_buffers
-from perflab.device_augment import AugmentDraw, DeviceAugment  # noqa: F401 - where callers read them
-from perflab.device_data import DECODE_SECONDS  # noqa: F401 - where tests and older code read it
+from perflab.device_augment import DeviceAugment
 from perflab.phase_timer import PhaseTimer
 from perflab.seeds import sample_seed as _sample_seed
 
@@ -38,9 +36,6 @@ RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
 # The checkpointing perflab's references use wherever they checkpoint (calibration's `checkpoint`, lab 4's
 # graded pair, lab 6's forced change): every stage, each stage one segment.
 REFERENCE_CHECKPOINT_STAGES = len(RESNET_STAGES)
-# Field names renamed since a release, and their new names: notebooks and results or expectation
-# files written before still load (with a DeprecationWarning).
-RENAMED_FIELDS = {"checkpoint_segments": "checkpoint_stages"}
 
 
 @dataclass(frozen=True)
@@ -70,16 +65,8 @@ class TrainConfig:
     lr: float = 0.002  # SGD+momentum stays stable on the small synthetic sets (0.05 diverges at batch 16)
     momentum: float = 0.9
     threads: int | None = None
-    # Deprecated spelling of checkpoint_stages (it always counted stages, not segments of one stage):
-    # accepted as an argument, for notebooks and files written before; it is not stored.
-    checkpoint_segments: InitVar[int | None] = None
 
-    def __post_init__(self, checkpoint_segments: int | None = None) -> None:
-        if checkpoint_segments is not None:
-            _warn_renamed("checkpoint_segments", stacklevel=4)
-            if self.checkpoint_stages not in (0, checkpoint_segments):
-                raise ValueError("checkpoint_segments: the old name of checkpoint_stages; give only checkpoint_stages")
-            object.__setattr__(self, "checkpoint_stages", checkpoint_segments)
+    def __post_init__(self) -> None:
         check_model(self.model)
         _check_int("batch_size", self.batch_size, low=1)
         _check_int("num_workers", self.num_workers, low=0)
@@ -129,12 +116,6 @@ class TrainConfig:
         return self.batch_size * self.accumulation_steps
 
     def replace(self, **changes: Any) -> TrainConfig:
-        for name, renamed in RENAMED_FIELDS.items():
-            if name in changes:
-                _warn_renamed(name, stacklevel=3)
-                if renamed in changes:
-                    raise ValueError(f"{name}: the old name of {renamed}; give only {renamed}")
-                changes[renamed] = changes.pop(name)
         return dataclasses.replace(self, **changes)
 
     def effective(self) -> TrainConfig:
@@ -152,18 +133,13 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """The configuration a `to_dict` wrote; a file written before a field was renamed still loads, and one
-        written before the model was a field is ResNet-18's (the only model there was)."""
+        """The configuration a `to_dict` wrote; one written before the model was a field is ResNet-18's (the
+        only model there was)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names - set(RENAMED_FIELDS))
+        unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
         return cls(**{"model": env.DEFAULT_MODEL, **data})
-
-
-def _warn_renamed(old: str, stacklevel: int) -> None:
-    warnings.warn(f"TrainConfig.{old} is deprecated: it is now {RENAMED_FIELDS[old]} (same meaning, "
-                  "the first N ResNet stages checkpointed)", DeprecationWarning, stacklevel=stacklevel)
 
 
 def _check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> None:

@@ -47,10 +47,9 @@ def test_size_sets_the_mode_sizes_and_knobs_override_them() -> None:
     assert (mode, config.batch_size, config.image_size, config.channels_last) == ("tiny", 5, 32, False)
 
 
-def test_renamed_checkpoint_flag_keeps_its_old_spelling() -> None:
-    for flag in ("--checkpoint-stages", "--checkpoint-segments"):
-        config, _ = cli_profile.config_from_args(_profile_parser().parse_args(["--size", "tiny", flag, "3"]))
-        assert config.checkpoint_stages == 3
+def test_the_checkpoint_flag_sets_its_field() -> None:
+    config, _ = cli_profile.config_from_args(_profile_parser().parse_args(["--size", "tiny", "--checkpoint-stages", "3"]))
+    assert config.checkpoint_stages == 3
 
 
 @pytest.mark.parametrize(

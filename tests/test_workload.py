@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from perflab import workload
+from perflab import device_data, workload
 from perflab.workload import TrainConfig
 
 TINY = TrainConfig(data="tiny", batch_size=4, image_size=32)
@@ -191,23 +191,6 @@ def test_checkpointed_stage_checkpoints_when_its_input_needs_no_grad() -> None:
     assert _saved_bytes_of(workload.CheckpointedStage(stage()), x) < _saved_bytes_of(stage(), x) / 2
 
 
-def test_old_name_checkpoint_segments_still_loads_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
-        assert TrainConfig(checkpoint_segments=2).checkpoint_stages == 2
-    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
-        assert TINY.replace(checkpoint_segments=3) == TINY.replace(checkpoint_stages=3)
-    with pytest.warns(DeprecationWarning, match="checkpoint_stages"):
-        assert TINY.replace(checkpoint_stages=2).replace(checkpoint_segments=0) == TINY
-    old = {**TINY.to_dict(), "checkpoint_segments": 4}
-    del old["checkpoint_stages"]
-    with pytest.warns(DeprecationWarning):
-        assert TrainConfig.from_dict(old) == TINY.replace(checkpoint_stages=4)
-    with pytest.raises(ValueError, match="^checkpoint_segments: .*give only checkpoint_stages"), \
-            pytest.warns(DeprecationWarning):
-        TINY.replace(checkpoint_segments=1, checkpoint_stages=2)
-    assert "checkpoint_segments" not in TINY.to_dict()
-
-
 def test_accumulation_consumes_micro_batches_per_step() -> None:
     run = workload.train(TINY.replace(batch_size=2, accumulation_steps=3), steps=2)
     assert [len(i) for i in run.indices] == [6, 6]
@@ -364,12 +347,12 @@ def test_workloads_of_one_process_share_the_set_kept_on_the_device() -> None:
 def test_decoding_a_set_into_device_memory_is_counted_once() -> None:
     """The verifier leaves decoding out of each side's setup time: only the first build pays it."""
     kept = TINY.replace(gpu_augment=True, data_on_device=True, image_size=40)  # a size no other test keeps
-    before = workload.DECODE_SECONDS[0]
+    before = device_data.DECODE_SECONDS[0]
     first = workload.build(kept)
-    after_first = workload.DECODE_SECONDS[0]
+    after_first = device_data.DECODE_SECONDS[0]
     second = workload.build(kept)
     try:
-        assert after_first > before and workload.DECODE_SECONDS[0] == after_first
+        assert after_first > before and device_data.DECODE_SECONDS[0] == after_first
     finally:
         first.close()
         second.close()

@@ -87,11 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-peak", action="store_true",
                    help="skip the peak-memory run (on CPU it starts a child process)")
     knobs = p.add_argument_group("training knobs (every TrainConfig field)")
-    from perflab.workload import RENAMED_FIELDS
-
     for name, base, optional, default in _knob_fields():
-        # A renamed field keeps its old flag too (deprecated), so scripts written before still run.
-        flags = ["--" + f.replace("_", "-") for f in (name, *(old for old, new in RENAMED_FIELDS.items() if new == name))]
+        flags = ["--" + name.replace("_", "-")]
         text = _HELP.get(name, f"TrainConfig.{name}")
         shown = "from --size" if name in _FROM_SIZE else default
         if base is bool:
