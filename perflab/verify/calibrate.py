@@ -267,7 +267,7 @@ def _measure(name: str, base: Any, cand: Any, repeats: int, budget: Budget,
 
 def same_pair(entry: dict[str, Any], base: Any, cand: Any) -> bool:
     """Whether an expectations entry timed the configurations `base` and `cand` (read as `TrainConfig`s,
-    so a file written before a field was renamed still matches)."""
+    so a file written before the model was a field still matches)."""
     from perflab.workload import TrainConfig
 
     def what(config: Any) -> Any:  # the device is the hardware class's: `--device cpu` or none times the same
