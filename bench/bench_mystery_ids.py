@@ -18,7 +18,7 @@ and the per-step `append` of the batch). Each id is graded `--repeats` times:
 
 It prints each grading's marks (of the cell's 8) and, per planted bug that costs time, the notebook's
 saving beside the grader's (a second grader reading where the judge took one), then the worst
-agreement: the largest gap, the largest ratio where the grader read 0.1 or more, and the bugs whose
+agreement: the largest gap, the largest ratio where both read 0.1 or more, and the bugs whose
 notebook reading fell outside the judge's band (`saving_agrees`).
 """
 
@@ -212,7 +212,7 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
             nb, g = max(float(bug["notebook"]), 0.0), float(bug["grader"][0])
             where = f"{row['id']} #{row['repeat']} {bug['key']} ({bug['dose']})"
             gaps.append((abs(nb - g), where, nb, g))
-            if g >= 0.1:
+            if min(nb, g) >= 0.1:  # a ratio to a reading near 0 says nothing
                 ratios.append((max(nb, g) / max(min(nb, g), 1e-9), where, nb, g))
             if not saving_agrees(nb, g):
                 outside.append((where, nb, g))
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"largest gap: {gap:.3f} ({where}: notebook {nb:.3f}, grader {g:.3f})")
     if worst["ratio"]:
         ratio, where, nb, g = worst["ratio"]
-        print(f"largest ratio where the grader read 0.1 or more: {ratio:.2f}x ({where}: notebook {nb:.3f}, "
+        print(f"largest ratio where both read 0.1 or more: {ratio:.2f}x ({where}: notebook {nb:.3f}, "
               f"grader {g:.3f})")
     print(f"readings outside the judge's band (first grader reading): {len(worst['outside'])}"
           + "".join(f"\n  {where}: notebook {nb:.3f}, grader {g:.3f}" for where, nb, g in worst["outside"]))
