@@ -11,9 +11,9 @@ From the real lab notebooks in solutions/ it makes a handful of synthetic studen
     crasher     the reference with a cell that kills the kernel (a segfault)
     marker      the reference with a cell that prints the hidden-test marker (its feedback notebook is
                 withheld and flagged; the batch goes on)
-    lazy        the reference with every speed choice left at the baseline (LAZY_CHOICES): every
-                answer right, nothing optimised; it earns no re-measured speedup where the grading
-                hardware has one to give
+    lazy        the reference with every speed choice left at the baseline (the lab manifest's
+                `lazy_choices`): every answer right, nothing optimised; it earns no re-measured
+                speedup where the grading hardware has one to give
     broken      a notebook cut off half-way: not valid JSON
 
 then drives the instructor's workflow through `perflab.grading` (setup, collect, grade with the
@@ -169,22 +169,17 @@ def crasher_notebook(reference: Any) -> Any:
     return nb
 
 
-# What the lazy student appends to each lab's speed-choice answer (by grade_id): the baseline kept,
-# with the honest claim and a consistent ablation, so that only the choice itself differs.
-LAZY_CHOICES: dict[str, dict[str, str]] = {
-    "lab02_feed": {"best": "BEST = BASELINE"},
-    "lab03_amp": {"amp_config": "AMP_CONFIG, CLAIM = BASELINE, 1.0"},
-    "lab05_compile": {"CHOICE": "CHOICE = None"},
-    "lab06_together": {"ablation": ('current = FINAL = BASELINE\nCHAIN = [("baseline", BASELINE)]\n'
-                                    'SCREEN = [{**row, "kept": False, "reason": "kept the baseline"} for row in SCREEN]')},
-}
-
-
 def lazy_notebook(reference: Any, lab: str) -> Any:
-    """The reference with each speed choice of `lab` set back to the baseline after its own code ran."""
+    """The reference with each speed choice of `lab` set back to the baseline after its own code ran: what
+    the lazy student appends to each speed-choice answer (by grade_id) is the lab's manifest's
+    `lazy_choices`, the baseline kept with the honest claim and a consistent ablation, so that only the
+    choice itself differs."""
+    from perflab.labs import registry
+
+    choices = registry.manifest(lab).lazy_choices
     nb = copy.deepcopy(reference)
     for cell in _answer_cells(nb):
-        line = LAZY_CHOICES.get(lab, {}).get(grade_id(cell) or "")
+        line = choices.get(grade_id(cell) or "")
         if line:
             cell.source = cell.source.rstrip("\n") + "\n# every speed choice left at the baseline\n" + line + "\n"
     return nb

@@ -11,9 +11,12 @@ tested on synthetic numbers, and a saved results file can be diagnosed again lat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from perflab.labs import registry
 
 DATA = "data loading"
 COPY = "host-device copy"
@@ -41,14 +44,29 @@ STARVED_DATA_SHARE = 0.15
 MEMORY_BOUND_TIME_SHARE = 0.50
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
-LABS = {
-    "lab01": "Lab 1 — Measure first",
-    "lab02": "Lab 2 — Feed the model",
-    "lab03": "Lab 3 — Mixed precision",
-    "lab04": "Lab 4 — Trade compute for memory",
-    "lab05": "Lab 5 — Compile",
-    "lab06": "Lab 6 — Put it together",
-}
+# The labs by key ("labNN") and title, from their manifests; a next step names what it teaches (one of
+# these topics), and the lab whose manifest lists that topic among its `hints` is the one it points to.
+LABS = {lab.key: lab.title for lab in registry.manifests()}
+LOADING = "data loading"
+PRECISION = "mixed precision"
+LAYOUT = "memory format"
+CHECKPOINTING = "checkpointing"
+COMPILING = "compile"
+ABLATION = "ablation"
+
+
+def lab_teaching(topic: str) -> str:
+    """The key of the first lab whose manifest lists `topic` among its hints ("" where none does)."""
+    return next((lab.key for lab in registry.manifests() if topic in lab.hints), "")
+
+
+def _taught(next_step: Callable[..., tuple[str, str]]) -> Callable[..., tuple[str, str]]:
+    """`next_step` returning (step, the lab that teaches it) instead of (step, topic)."""
+    @functools.wraps(next_step)
+    def wrapper(*args: Any, **kwargs: Any) -> tuple[str, str]:
+        step, topic = next_step(*args, **kwargs)
+        return step, lab_teaching(topic)
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -208,76 +226,81 @@ def _knobs(config: Any) -> dict[str, Any]:
     return dict(config)
 
 
+@_taught
 def _next_for_data(knobs: Mapping[str, Any], device: str) -> tuple[str, str]:
     if knobs.get("data_on_device"):
         return ("the set is already decoded on the device: the wait is the gather and the first epoch's "
-                "decoding; time more steps, past the first", "lab02")
+                "decoding; time more steps, past the first", LOADING)
     if not knobs.get("num_workers"):
         return ("decode and augment in DataLoader worker processes: --num-workers N (N about the core "
-                "count) with --persistent-workers, so loading overlaps the model", "lab02")
+                "count) with --persistent-workers, so loading overlaps the model", LOADING)
     if device == "cuda" and not knobs.get("gpu_augment"):
         return ("move augmentation onto the GPU (--gpu-augment, kornia) and decode JPEGs there "
-                "(torchvision.io.decode_jpeg on CUDA)", "lab02")
+                "(torchvision.io.decode_jpeg on CUDA)", LOADING)
     if not knobs.get("prefetch_factor") or knobs.get("prefetch_factor", 0) < 4:
         return ("keep more batches in flight: --prefetch-factor 4, and more workers if cores are idle",
-                "lab02")
+                LOADING)
     return ("the CPU cannot decode faster: smaller stored JPEGs, cached decoded tensors, or more cores",
-            "lab02")
+            LOADING)
 
 
+@_taught
 def _next_for_copy(knobs: Mapping[str, Any]) -> tuple[str, str]:
     if knobs.get("data_on_device"):
         return ("nothing is copied per step with the set on the device: a results file written before the "
                 "augmentation was timed apart counts it here; profile again to see it as the augment phase",
-                "lab02")
+                LOADING)
     if not knobs.get("pin_memory"):
-        return ("--pin-memory: page-locked batches let the non_blocking copies overlap compute", "lab02")
+        return ("--pin-memory: page-locked batches let the non_blocking copies overlap compute", LOADING)
     return ("copy uint8 images and normalise on the device (--gpu-augment): a quarter of the bytes",
-            "lab02")
+            LOADING)
 
 
+@_taught
 def _next_for_augment(knobs: Mapping[str, Any]) -> tuple[str, str]:
     if not knobs.get("gpu_augment"):
         return ("this phase is only the conversion to --channels-last: convert the model's input once, or "
-                "leave the input as it comes (the first convolution takes either)", "lab03")
+                "leave the input as it comes (the first convolution takes either)", LAYOUT)
     return ("augment the whole batch with batched tensor ops (one resampling for every image's crop and flip, "
             "the colour jitter as per-image factors), never image by image: perflab.workload.DeviceAugment "
-            "does, and a custom augmentation should too", "lab02")
+            "does, and a custom augmentation should too", LOADING)
 
 
 def _amp_helps(device: str, cpu_bf16: bool) -> bool:
     return device in ("cuda", "mps") or cpu_bf16
 
 
+@_taught
 def _next_for_compute(knobs: Mapping[str, Any], device: str, cpu_bf16: bool, starved: bool
                       ) -> tuple[str, str]:
     if starved and not knobs.get("compile_mode") and device == "cuda":
-        return ("--compile-mode reduce-overhead: CUDA graphs remove the per-kernel launch cost", "lab05")
+        return ("--compile-mode reduce-overhead: CUDA graphs remove the per-kernel launch cost", COMPILING)
     if not knobs.get("amp_dtype") and _amp_helps(device, cpu_bf16):
         dtype = "bf16" if device != "cuda" else "bf16 (fp16 with GradScaler on pre-Ampere GPUs)"
         return (f"mixed precision: --amp-dtype {dtype} with --channels-last, so the convolutions run "
-                "on tensor cores / bf16 units", "lab03")
+                "on tensor cores / bf16 units", PRECISION)
     if not knobs.get("compile_mode"):
-        return ("--compile-mode default: fuse the elementwise work around the convolutions", "lab05")
+        return ("--compile-mode default: fuse the elementwise work around the convolutions", COMPILING)
     return ("the model already runs near what this device computes: remaining gains come from "
-            "fewer FLOPs or more devices; check the cumulative ablation", "lab06")
+            "fewer FLOPs or more devices; check the cumulative ablation", ABLATION)
 
 
+@_taught
 def _next_for_memory(knobs: Mapping[str, Any], device: str, cpu_bf16: bool, *, optimizer: bool
                      ) -> tuple[str, str]:
     if optimizer and knobs.get("accumulation_steps", 1) == 1:
         return ("amortise the update: --accumulation-steps N (one optimizer step per N micro-batches), "
-                "or a larger batch made to fit with --checkpoint-stages", "lab04")
+                "or a larger batch made to fit with --checkpoint-stages", CHECKPOINTING)
     if not knobs.get("channels_last") and device != "mps":
         return ("--channels-last: NHWC activations spare the layout conversions around each convolution",
-                "lab03")
+                LAYOUT)
     if not knobs.get("compile_mode"):
         return ("--compile-mode default: fuse BatchNorm, ReLU and the residual adds into fewer passes "
-                "over memory", "lab05")
+                "over memory", COMPILING)
     if not knobs.get("amp_dtype") and _amp_helps(device, cpu_bf16):
-        return ("--amp-dtype bf16: half the bytes per activation", "lab03")
+        return ("--amp-dtype bf16: half the bytes per activation", PRECISION)
     return ("the step moves as many bytes as this device can: look at the cumulative ablation for "
-            "what is left", "lab06")
+            "what is left", ABLATION)
 
 
 def diagnose_results(doc: Mapping[str, Any]) -> Diagnosis:

@@ -335,9 +335,10 @@ def run_mode() -> str:
     return "full" if torch.cuda.is_available() else "laptop"
 
 
-# Grade mode's workload (data, image side, batch) per lab and device kind, where that lab's technique
-# shows on that device (docs/DESIGN.md, "Workloads where the lesson is true"); a lab or device not
-# listed grades at the base grade sizes above.
+# Grade and laptop mode's workload (data, image side, batch) per lab and device kind is the lab's own,
+# declared in its manifest (`perflab.labs.registry`), where that lab's technique shows on that device
+# (docs/DESIGN.md, "Workloads where the lesson is true"); a lab or device not listed runs at the base
+# sizes above.
 #
 # CPU, measured on a 2-core AVX-512-BF16 CPU, ResNet-18 training steps: at 32 px, batch 8, framework
 # overhead hides everything (bf16 0.99x, channels_last 0.82x); at 64 px, batch 32, bf16 autocast gains
@@ -349,33 +350,21 @@ def run_mode() -> str:
 #
 # CUDA, from an H100 80GB (docs/DESIGN.md has the table): at 224 px, batch 128, the fp32 baseline with no
 # loader workers waits on its loader 84% of its 340 ms step, so lab 2 keeps that starved baseline (4
-# workers: 12.8x) and every other lab starts fed (`baseline_loader`: since an H200's 8 workers fed FP32
-# but not bf16, the set kept decoded on the device), where bf16 and channels_last give 2.2x and
-# checkpointing saves 40% of the activations (2.84 GB to 1.71 GB). Labs 3-6 train on the full set there:
-# 78 batches of 128 an epoch, not 7 as on the small set.
-GRADE_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
-    "lab02_feed": {"cpu": ("photo", 32, 16), "cuda": ("small", 224, 128)},
-    "lab03_amp": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
-    "lab04_memory": {"cuda": ("full", 224, 128)},
-    "lab05_compile": {"cuda": ("full", 224, 128)},
-    "lab06_together": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
-}
-# Laptop mode's own workloads, the same way: lab 2 loads photograph-sized JPEGs wherever it runs, so
-# that what it teaches (a loader that keeps the model waiting) is what the student measures. On a GPU
-# (where full mode is the default) laptop mode is the short version of full: the small set at 128 px.
-# Lab 6 on a CPU trains batches of 16: its screening, leave-one-out and ablation time each configuration
-# in blocks long enough for loader workers (`perflab.verify.pace`), and at batch 32 the lab ran 13 min
-# 07 s on 2 cores, over the 10 minutes a laptop-mode lab may take.
-LAPTOP_WORKLOADS: dict[str, dict[str, tuple[str, int, int]]] = {
-    "lab02_feed": {"cpu": ("photo", 32, 16), "mps": ("photo", 64, 32), "cuda": ("photo", 64, 32)},
-    "lab03_amp": {"cuda": ("small", 128, 64)},
-    "lab04_memory": {"cuda": ("small", 128, 64)},
-    "lab05_compile": {"cuda": ("small", 128, 64)},
-    "lab06_together": {"cpu": ("small", 64, 16), "cuda": ("small", 128, 64)},
-}
-# The labs whose baseline on a GPU is fed, so that what they teach is not hidden behind data loading;
-# lab 2 itself starts starved, its lesson being the loader.
-FED_LABS = ("lab03_amp", "lab04_memory", "lab05_compile", "lab06_together")
+# workers: 12.8x) and every other lab starts fed (a manifest's `fed`, `baseline_loader`: since an H200's
+# 8 workers fed FP32 but not bf16, the set kept decoded on the device), where bf16 and channels_last give
+# 2.2x and checkpointing saves 40% of the activations (2.84 GB to 1.71 GB). Labs 3-6 train on the full set
+# there: 78 batches of 128 an epoch, not 7 as on the small set. In laptop mode on a GPU (where full mode is
+# the default) a lab runs the short version of full: the small set at 128 px.
+LAB_MODES = ("grade", "laptop")
+
+
+def _lab(lab: str | None) -> Any:
+    """`lab`'s manifest (None for none); read lazily: the labs' contracts import this module."""
+    from perflab.labs import registry
+
+    return registry.manifest(lab) if lab is not None else None
+
+
 # Loader workers that feed a GPU where workers load (gpu-check's and bench_loader's ceiling, the decoding
 # of a set kept on the device): the H100's 16 cores fed FP32 at 224 px, batch 128 with 8, and one core
 # stays with the training process. Not enough for bf16: an H200's 8 workers decoded about 4,000 images a second, half
@@ -390,13 +379,14 @@ FED_ENV = "PERFLAB_FED_BASELINE"
 
 def baseline_loader(lab: str | None, device: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """The loader knobs (`TrainConfig` fields) of `lab`'s baseline on `device` (a device type; default the
-    best here): on CUDA, labs in FED_LABS start fed, the training set decoded once into GPU memory and
+    best here): on CUDA, labs whose manifest says `fed` start fed, the training set decoded once into GPU memory and
     augmented there (`data_on_device`, `gpu_augment`), so that no loader sets the pace of what they time,
     on 16 cores or on Colab's 2; everywhere else, and in tiny mode, the plain loader ({})."""
-    if os.environ.get(FED_ENV) == "1" and lab in FED_LABS:  # the kit's own tests: a GPU's path on any device
+    fed = lab is not None and _lab(lab).fed
+    if os.environ.get(FED_ENV) == "1" and fed:  # the kit's own tests: a GPU's path on any device
         return {"data_on_device": True, "gpu_augment": True}
     kind = str(device or pick_device().type).split(":")[0]
-    if kind != "cuda" or lab not in FED_LABS or (mode or run_mode()) == "tiny":
+    if kind != "cuda" or not fed or (mode or run_mode()) == "tiny":
         return {}
     return {"data_on_device": True, "gpu_augment": True}
 
@@ -406,20 +396,17 @@ def fed_workers() -> int:
     return max(1, min(FED_WORKERS, usable_cores() - 1))
 
 
-_LAB_WORKLOADS = {"grade": GRADE_WORKLOADS, "laptop": LAPTOP_WORKLOADS}
-
-
 def mode_sizes(mode: str | None = None, lab: str | None = None, device: str | None = None) -> ModeSizes:
     """The sizes of `mode` (default: the mode in force); in grade and laptop mode, `lab`'s own workload
-    on `device` (a device type; default: the best device here) where GRADE_WORKLOADS or
-    LAPTOP_WORKLOADS lists one; the course's data set ($PERFLAB_DATA) wherever one is set."""
+    on `device` (a device type; default: the best device here) where its manifest lists one; the course's
+    data set ($PERFLAB_DATA) wherever one is set."""
     mode = mode or run_mode()
     if mode not in _MODE_SIZES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
     sizes = _MODE_SIZES[mode]
-    if mode in _LAB_WORKLOADS and lab is not None:
+    if mode in LAB_MODES and lab is not None:
         kind = device or pick_device().type
-        own = _LAB_WORKLOADS[mode].get(lab, {}).get(str(kind).split(":")[0])
+        own = _lab(lab).workload(mode, str(kind).split(":")[0])
         if own is not None:
             data, image_size, batch_size = own
             sizes = ModeSizes(mode, data=data, image_size=image_size, batch_size=batch_size, steps=sizes.steps)

@@ -9,6 +9,7 @@ perflab.verify import Side` on the package). A circle means two modules cannot b
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "perflab"
@@ -115,3 +116,55 @@ def test_no_module_over_600_lines():
     long = {name: n for name, path in modules().items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"
+
+
+# A lab is named only by its own modules (perflab/labs/): the core reads the labs' manifests
+# (`perflab.labs.registry`). Docstrings and comments may give a lab as an example; code may not.
+LAB_NAME = re.compile(r"lab0[0-9]")
+LABS_PACKAGE = PACKAGE / "labs"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are a module's, class's or function's docstring."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+def lab_names_in(path: Path) -> list[str]:
+    """Where the code of `path` imports a lab's module or holds a string naming a lab, as 'line: what'."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module or ''}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = [node.value]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if LAB_NAME.search(name)]
+    return [f"{line}: {name!r}" for line, name in sorted(found)]
+
+
+def test_the_lab_scan_finds_an_import_and_a_constant_but_no_docstring(tmp_path):
+    module = tmp_path / "core.py"
+    module.write_text('"""Grades lab03_amp."""\nfrom perflab.labs import lab02\nimport perflab.labs.lab04_measure\n'
+                      'def f():\n    """lab05."""\n    # lab06 in a comment\n    return f"{1}lab06_together"\n',
+                      encoding="utf-8")
+    assert lab_names_in(module) == ["2: 'perflab.labs.lab02'", "3: 'perflab.labs.lab04_measure'",
+                                    "7: 'lab06_together'"]
+
+
+def test_no_module_outside_the_labs_names_a_lab():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{hit}"
+             for path in sorted(PACKAGE.rglob("*.py")) if LABS_PACKAGE not in path.parents
+             for hit in lab_names_in(path)]
+    assert not found, f"{len(found)} places outside perflab/labs name a lab (read the manifests):\n" + "\n".join(found)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from perflab import env
+from perflab.labs import registry
 
 
 def test_machine_info_round_trips_and_describes_this_machine() -> None:
@@ -68,12 +69,12 @@ def test_autocast_support_is_stated_per_device() -> None:
 def test_grade_sizes_are_each_labs_own_workload_on_this_device_kind() -> None:
     base = env.mode_sizes("grade")
     amp = env.mode_sizes("grade", lab="lab03_amp", device="cpu")
-    assert (amp.data, amp.image_size, amp.batch_size) == env.GRADE_WORKLOADS["lab03_amp"]["cpu"]
+    assert (amp.data, amp.image_size, amp.batch_size) == registry.manifest("lab03_amp").workload("grade", "cpu")
     assert amp.image_size * amp.batch_size > base.image_size * base.batch_size  # bigger: where AMP shows
     assert env.mode_sizes("grade", lab="lab01_measure", device="cpu") == base  # not listed: the base sizes
     assert env.mode_sizes("laptop", lab="lab03_amp", device="cpu") == env.mode_sizes("laptop")  # not listed for laptop
     feed = env.mode_sizes("laptop", lab="lab02_feed", device="cpu")  # lab 2 loads photo-sized JPEGs in laptop mode too
-    assert (feed.data, feed.image_size, feed.batch_size) == env.LAPTOP_WORKLOADS["lab02_feed"]["cpu"] == ("photo", 32, 16)
+    assert (feed.data, feed.image_size, feed.batch_size) == ("photo", 32, 16)
     assert env.mode_sizes("grade", lab="lab02_feed", device="cpu").data == "photo"
     from perflab.labs import lab03, lab06
 

@@ -233,12 +233,12 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_reference_best_is_what_calibration_times() -> None:
     from perflab.labs.hidden import lab02 as hidden02
-    from perflab.verify.calibrate import GRADED_IN, REFERENCE_CHANGES, baseline_config
+    from perflab.verify.calibrate import REFERENCE_CHANGES, baseline_config, graded_in
 
     best = hidden02.reference_best("grade")  # the grader's answer key, never the student's contract
     assert not hasattr(lab02, "reference_best")
     assert lab02.best_problems(best, "grade") == []
-    assert GRADED_IN[lab02.EXPECTATION] == lab02.LAB  # calibrated at this lab's grade workload
+    assert graded_in(lab02.EXPECTATION) == lab02.LAB  # calibrated at this lab's grade workload
     assert best == baseline_config("grade", lab=lab02.LAB).replace(threads=lab02.TRAIN_THREADS,
                                                                    **REFERENCE_CHANGES[lab02.EXPECTATION])
 

@@ -246,7 +246,8 @@ def test_committed_expectations_load():
 
     files = sorted(expectations.default_dir().glob("*.json"))
     assert files, "autograder/expectations holds no calibration (run perflab calibrate)"
-    lab_of = {**calibrate.GRADED_IN, **{m.EXPECTATION: m.LAB for m in calibrate._lab_modules()}}
+    lab_of = {**{change: calibrate.graded_in(change) for change in calibrate.REFERENCE_CHANGES},
+              **{m.EXPECTATION: m.LAB for m in calibrate._lab_modules()}}
     for path in files:
         doc = expectations.load_file(path)
         assert doc["hardware_class"] == path.stem

@@ -12,7 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure reference speedups here and write autograder expectations")
     p.add_argument("--config", action="append", metavar="NAME",
                    help=f"an optimisation to calibrate (repeatable; default: all this device can run): "
-                        f"{', '.join(REFERENCE_CHANGES)}, or a lab's own pair (checkpoint_stages, lab06_final)")
+                        f"{', '.join(REFERENCE_CHANGES)}, or a lab's own pair (its contract's EXPECTATION, e.g. "
+                        "checkpoint_stages)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="verifications per optimisation")
     p.add_argument("--pairs", type=int, default=CALIBRATION_PAIRS, help="timed block pairs per verification")
     p.add_argument("--mode", default="grade", choices=("tiny", "laptop", "full", "grade"),

@@ -19,15 +19,12 @@ from typing import Any
 
 def graded_bars(lab: str, mode: str) -> list[tuple[str, Any]]:
     """(expectations entry, baseline workload or None) of each cell of `lab` re-measured against a bar
-    calibrated on the grading machine, at `mode`'s sizes on this machine's device. Lab 1's fix bar is a
-    fixed rule, and lab 5's small model (a CPU's or a Mac's) is held to parity by design: neither is listed."""
-    from perflab.labs import lab02, lab03, lab04, lab05, lab06
+    calibrated on the grading machine, at `mode`'s sizes on this machine's device, as the lab's manifest
+    declares them (`perflab.labs.registry.graded_bars`). A fixed-rule bar (lab 1's fix) or a cell held to
+    parity by design (lab 5's small model) is not listed."""
+    from perflab.labs import registry
 
-    if lab == lab05.LAB:
-        name = lab05.expectation_name(mode)
-        return [] if name == lab05.EXPECTATION_SMALL else [(name, lab05.sides(None, mode)[0])]
-    module = {m.LAB: m for m in (lab02, lab03, lab04, lab06)}.get(lab)
-    return [] if module is None else [(module.EXPECTATION, module.baseline_config(mode))]
+    return registry.graded_bars(lab, mode)
 
 
 def held_to_rules(labs: Iterable[str], mode: str, machine: Any = None,

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from perflab.labs import registry
+
 # Modules whose attributes a notebook must not reassign: the clocks timing reads, and perflab.
 GUARDED = ("time", "timeit", "perflab", "torch.cuda", "torch.mps", "torch.utils.benchmark", "torch._dynamo", "torch.compile",
            "builtins", "sys.modules", "datetime")
@@ -308,9 +310,11 @@ PLANTED_TRUTH = ("perflab.mystery.for_student", "perflab.mystery.planted_step", 
                  "perflab.mystery.template", "perflab.mystery.draw", "perflab.mystery.Planted",
                  "perflab.mystery.CATALOGUE", "perflab.mystery.light_dose")
 PLANTED_ATTRS = frozenset({"planted", "accepted_lines", "helper_lines", "dose"})
-# Any private name of perflab.mystery is the renderer's inside, not a tool of the lab; one of
-# lab01_mystery is its log of what the notebook measured (a finding's saving counts only as measured).
-PLANTED_PRIVATE = ("perflab.mystery._", "perflab.labs.lab01_mystery._")
+# Any private name of perflab.mystery is the renderer's inside, not a tool of the lab; one of a module a
+# lab's manifest lists in `private_modules` (lab01_mystery, its log of what the notebook measured: a
+# finding's saving counts only as measured) is that lab's inside.
+PLANTED_PRIVATE = ("perflab.mystery._",
+                   *(f"{module}._" for lab in registry.manifests() for module in lab.private_modules))
 
 
 def _reaches_truth(dotted: str) -> bool:

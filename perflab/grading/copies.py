@@ -39,6 +39,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from perflab.labs import registry
+
 log = logging.getLogger(__name__)
 
 FINGERPRINT_VERSION = 1
@@ -49,7 +51,8 @@ PAIRS_FILE = Path(".perflab") / "copies.json"
 
 # Records whose numbers are not timing: a decision (its configuration) and lab 6's fixed-seed accuracy
 # run (its losses and accuracies are the same for every honest student on the same software).
-NOT_TIMED_KINDS = frozenset({"lab02.best", "lab05.choice", "lab06.accuracy"})
+# Each lab lists its own in its manifest (`untimed_records`).
+NOT_TIMED_KINDS = frozenset(kind for lab in registry.manifests() for kind in lab.untimed_records)
 # Fields of a recorded measurement that say how it was taken, not what it measured.
 NOT_TIMED_FIELDS = frozenset({"block_size", "threads", "warmup", "quantile", "labels", "device", "hardware_class",
                               "timer", "label", "steps", "n_eval", "args", "tuple", "where", "changes"})
@@ -92,7 +95,7 @@ ACROSS = "[settings]"
 # worker count, a first epoch that starts the workers: two honest lab 2 runs correlate at 0.93 over 4
 # epoch starts), and is correlated only beside the class's (`class_pattern`).
 REPEATED = frozenset({"a_times", "b_times", "steady", "times"})
-REPEATED_KINDS = frozenset({"lab06.chain"})
+REPEATED_KINDS = frozenset(kind for lab in registry.manifests() for kind in lab.repeated_records)
 # Each flag line this module writes starts so (a later review replaces them all).
 FLAG_PREFIX = "copies: "
 # What formgrader's comment shows for those lines: nbgrader's feedback renders it for the student, who is

@@ -20,7 +20,7 @@ class Mark:
     verdict: dict[str, Any] | None = None  # a re-measured speedup's record (name, verdict, speedup, ci, ...)
     flag: str | None = None  # why a person should look at this answer (evidence, never what scores it)
     # What the cell graded as the student's decision (lab 2's BEST as {"config": ...}, lab 5's {"choice": ...}):
-    # kept in the grading state, where a later lab that starts from it reads it (lab 6: `STARTS_FROM`).
+    # kept in the grading state, where a later lab that starts from it reads it (lab 6: its manifest's `starts_from`).
     decision: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -304,10 +304,11 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
 
 
 def starts_from(lab: str) -> tuple[str, ...]:
-    """The labs whose graded decisions `lab` starts from, as the lab itself declares them (its grader-only
-    module's `STARTS_FROM`, with `earlier_results`): lab 6 takes over labs 2-5's."""
-    module = judging.hidden_module(lab)
-    return tuple(getattr(module, "STARTS_FROM", ())) if module is not None else ()
+    """The labs whose graded decisions `lab` starts from, as its manifest declares them (`starts_from`; its
+    grader-only module's `earlier_results` hands them over): lab 6 takes over labs 2-5's."""
+    from perflab.labs import registry
+
+    return registry.manifest(lab).starts_from
 
 
 def in_waves(course: Path, todo: list[Job], run: Callable[[list[Job]], None]) -> None:
@@ -389,12 +390,13 @@ def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
     on the device the jobs are graded for (`settings.device`; default: this machine's)."""
     from perflab import env as _env
     from perflab import mystery
+    from perflab.labs import registry
 
     labs = list(labs)
     mode = judging.grading_mode(settings.env)
     kind = settings.device or _env.pick_device().type
     sizes = {_env.mode_sizes(mode, device=kind).data, *(_env.mode_sizes(mode, lab=lab, device=kind).data for lab in labs)}
-    if any(lab.startswith("lab01") for lab in labs):  # lab 1's mystery pipeline trains on a set of its own
+    if any(registry.manifest(lab).mystery_data for lab in labs):  # the mystery pipeline's set of its own
         sizes.add(mystery.sizes_for(mode)[0])
     return sorted(sizes)
 

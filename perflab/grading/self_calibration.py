@@ -102,24 +102,27 @@ def _has(name: str, workload: Any) -> bool:
 
 
 def _built_from(name: str, mode: str) -> list[tuple[str, Any]]:
-    """(entry, its workload) of each bar the reference pair of `name` reads at that pair's own workload:
-    lab 6's final configuration takes every change its plan finds calibrated as a gain (lab 3's answer,
-    channels_last, compile); only entries calibrated at lab 6's own sizes can count there."""
+    """(entry, its workload) of each bar the reference pair of `name` reads at that pair's own workload,
+    where the lab whose bar it is builds its pair from the bars calibrated before it (its manifest's
+    `pair_from_bars`: lab 6's final configuration takes every change its plan finds calibrated as a gain,
+    lab 3's answer, channels_last, compile); only entries calibrated at that lab's own sizes can count there."""
     from perflab import env
-    from perflab.labs import lab06
+    from perflab.labs import registry
     from perflab.verify import calibrate
 
-    if name != lab06.EXPECTATION:
+    owner = next((m for m in registry.with_any("pair_from_bars")
+                  if getattr(registry.contract(m), "EXPECTATION", None) == name), None)
+    if owner is None:
         return []
     info = env.machine_info()
-    base = lab06.baseline_config(mode)
+    base = registry.contract(owner).baseline_config(mode)
     read: list[str] = []
 
     def record(entry: str) -> Any:
         read.append(entry)
         return expectations.load_expectation(entry, info, workload=base)
 
-    calibrate.grader_side("lab06").plan_changes(info, mode, expectations=record)  # the grader's answer key
+    calibrate.grader_side(owner.key).plan_changes(info, mode, expectations=record)  # the grader's answer key
     return [(entry, base) for entry in dict.fromkeys(read) if _same_sizes(calibrated_at(entry, mode), base)]
 
 
@@ -128,7 +131,7 @@ def calibrated_at(name: str, mode: str) -> Any:
     from perflab.verify import calibrate
 
     if name in calibrate.REFERENCE_CHANGES:
-        return calibrate.baseline_config(mode, None, calibrate.GRADED_IN.get(name))
+        return calibrate.baseline_config(mode, None, calibrate.graded_in(name))
     module = {m.EXPECTATION: m for m in calibrate._lab_modules()}[name]
     return module.baseline_config(mode)
 

@@ -41,11 +41,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from perflab.labs import registry
+
 T = TypeVar("T")
 
 HOMEWORK_MIME = "application/vnd.perflab.homework+json"
-# The labs whose notebooks decide from a recorded measurement (tests/test_homework.py holds it to them).
-LABS = ("lab02_feed", "lab03_amp", "lab05_compile", "lab06_together")
+# The labs whose notebooks decide from a recorded measurement, as their manifests say (`decides_at_home`;
+# tests/test_homework.py holds it to them).
+LABS = tuple(lab.lab for lab in registry.with_any("decides_at_home"))
 # Beside the notebook in the grading kernel's folder: what the submission's outputs carried.
 HOMEWORK_FILE = "homework.json"
 # Blocks of each side a measurement runs in the grading kernel when the notebook does not carry it:

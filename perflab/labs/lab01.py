@@ -78,7 +78,16 @@ from torch import nn
 
 from perflab import diagnose
 
-LAB = "lab01_measure"
+# What the core (env, grading, the report, the demo) knows of this lab: data, read by
+# perflab.labs.registry without importing this module (perflab.labs.manifest says what each field holds).
+MANIFEST = {
+    "lab": "lab01_measure",
+    "title": "Lab 1 — Measure first",
+    "report_sections": ("baseline", "roofline", "top-ops"),
+    "private_modules": ("perflab.labs.lab01_mystery",),  # its log of what the notebook measured
+    "mystery_data": True,
+}
+LAB = MANIFEST["lab"]
 
 # The thresholds of the bottleneck verdict are perflab.diagnose's, so the lab and `perflab
 # profile` never disagree (their reasons are written there).

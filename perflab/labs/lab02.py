@@ -87,7 +87,25 @@ from perflab.labs.common import (  # noqa: F401
 from perflab.verify.protocol import VERIFY_THREADS
 from perflab.workload import TrainConfig
 
-LAB = "lab02_feed"
+# What the core (env, grading, the report, the demo) knows of this lab: data, read by
+# perflab.labs.registry without importing this module (perflab.labs.manifest says what each field holds).
+MANIFEST = {
+    "lab": "lab02_feed",
+    "title": "Lab 2 — Feed the model",
+    # Photograph-sized JPEGs wherever it runs, so that the loader keeps the model waiting: on a 2-core CPU
+    # at 32 px, batch 16, a third of the step is loading and 2 workers gain 1.39x; on CUDA the starved
+    # fp32 baseline waits on its loader 84% of its step (env.py has the measurements).
+    "workloads": {"grade": {"cpu": ("photo", 32, 16), "cuda": ("small", 224, 128)},
+                  "laptop": {"cpu": ("photo", 32, 16), "mps": ("photo", 64, 32), "cuda": ("photo", 64, 32)}},
+    "bars": "graded_bars",
+    "graded_changes": ("num_workers",),
+    "decides_at_home": True,
+    "untimed_records": ("lab02.best",),
+    "report_sections": ("speedups", "phases"),
+    "lazy_choices": {"best": "BEST = BASELINE"},
+    "hints": ("data loading",),
+}
+LAB = MANIFEST["lab"]
 # The entry of autograder/expectations/<hardware_class>.json that holds this lab's bar: `perflab
 # calibrate` times its reference change (the grader's `reference_best`) against the baseline on the
 # grading machine.
@@ -275,6 +293,11 @@ def sweep_counts(cpu_count: int) -> list[int]:
     """Worker counts the sweep tries: 0 up to twice the cores (to show what oversubscription does), capped."""
     limit = min(MAX_SWEEP_WORKERS, max(4, 2 * cpu_count))
     return [n for n in (0, 1, 2, 3, 4, 6, 8) if n <= limit]
+
+
+def graded_bars(mode: str) -> list[tuple[str, TrainConfig]]:
+    """This lab's cell re-measured against a calibrated bar: (its entry, its baseline at `mode`)."""
+    return [(EXPECTATION, baseline_config(mode))]
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:

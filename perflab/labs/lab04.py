@@ -114,7 +114,19 @@ from perflab import env, memory, workload
 from perflab.labs import homework, predict
 from perflab.workload import TrainConfig
 
-LAB = "lab04_memory"
+# What the core (env, grading, the report, the demo) knows of this lab: data, read by
+# perflab.labs.registry without importing this module (perflab.labs.manifest says what each field holds).
+MANIFEST = {
+    "lab": "lab04_memory",
+    "title": "Lab 4 — Trade compute for memory",
+    "workloads": {"grade": {"cuda": ("full", 224, 128)}, "laptop": {"cuda": ("small", 128, 64)}},
+    "fed": True,
+    "bars": "graded_bars",
+    "graded_changes": ("checkpoint",),
+    "report_sections": ("speedups", "memory"),
+    "hints": ("checkpointing",),
+}
+LAB = MANIFEST["lab"]
 # The entry of autograder/expectations/<hardware_class>.json that holds this lab's bar. Its name
 # starts with "checkpoint" so that, uncalibrated, perflab.verify applies its rule for known costs.
 EXPECTATION = "checkpoint_stages"
@@ -221,6 +233,11 @@ def sizes(mode: str | None = None) -> LabSizes:
     # Called with no mode, in a notebook: the grading kernel runs the notebook's own timing at
     # GRADING_BUDGET (the grade reads the grader's re-measurements and the home run's record).
     return s if mode is not None else homework.smallest(s, replayed=None, **GRADING_BUDGET)
+
+
+def graded_bars(mode: str) -> list[tuple[str, TrainConfig]]:
+    """This lab's cell re-measured against a calibrated bar: (its entry, its baseline at `mode`)."""
+    return [(EXPECTATION, baseline_config(mode))]
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:

@@ -98,7 +98,22 @@ from perflab.labs.lab05_dynamo import quiet_compile_logs as quiet_compile_logs
 from perflab.labs.lab05_dynamo import recompile_reasons as recompile_reasons
 from perflab.workload import COMPILE_MODES, TrainConfig
 
-LAB = "lab05_compile"
+# What the core (env, grading, the report, the demo) knows of this lab: data, read by
+# perflab.labs.registry without importing this module (perflab.labs.manifest says what each field holds).
+MANIFEST = {
+    "lab": "lab05_compile",
+    "title": "Lab 5 — Compile",
+    "workloads": {"grade": {"cuda": ("full", 224, 128)}, "laptop": {"cuda": ("small", 128, 64)}},
+    "fed": True,
+    "bars": "graded_bars",
+    "graded_changes": ("compile",),
+    "decides_at_home": True,
+    "untimed_records": ("lab05.choice",),
+    "report_sections": ("speedups",),
+    "lazy_choices": {"CHOICE": "CHOICE = None"},
+    "hints": ("compile",),
+}
+LAB = MANIFEST["lab"]
 # What this lab can show on each kind of device (read by perflab.labs.common.hardware_statement).
 HARDWARE_NOTES = {
     "cuda": "torch.compile generates Triton kernels here: fusion can save memory traffic and reduce-overhead "
@@ -506,6 +521,13 @@ def as_decided(choice: Any, why: Any, device: Any) -> tuple[Any, Any]:
 
     return homework.decided("lab05.choice", (choice, why), device=getattr(device, "type", str(device)),
                             encode=encode, decode=decode, what="CHOICE", show=lambda d: repr(d[0]))
+
+
+def graded_bars(mode: str) -> list[tuple[str, Any]]:
+    """The cell re-measured against a calibrated bar at `mode` on this device: (its entry, its baseline);
+    none where the small model (a CPU's or a Mac's) is held to parity by design."""
+    name = expectation_name(mode)
+    return [] if name == EXPECTATION_SMALL else [(name, sides(None, mode)[0])]
 
 
 def expectation_name(mode: str | None = None, device: torch.device | str | None = None) -> str:

@@ -86,7 +86,30 @@ from perflab.verify.decide import QUANTILE
 from perflab.verify.protocol import VERIFY_THREADS
 from perflab.workload import AMP_DTYPES, REFERENCE_CHECKPOINT_STAGES, RESNET_STAGES, TrainConfig
 
-LAB = "lab06_together"
+# What the core (env, grading, the report, the demo) knows of this lab: data, read by
+# perflab.labs.registry without importing this module (perflab.labs.manifest says what each field holds).
+MANIFEST = {
+    "lab": "lab06_together",
+    "title": "Lab 6 — Put it together",
+    # On a CPU, laptop mode trains batches of 16: its screening, leave-one-out and ablation time each
+    # configuration in blocks long enough for loader workers (`perflab.verify.pace`), and at batch 32 the
+    # lab ran 13 min 07 s on 2 cores, over the 10 minutes a laptop-mode lab may take.
+    "workloads": {"grade": {"cpu": ("small", 64, 32), "cuda": ("full", 224, 128)},
+                  "laptop": {"cpu": ("small", 64, 16), "cuda": ("small", 128, 64)}},
+    "fed": True,
+    "bars": "graded_bars",
+    "starts_from": ("lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile"),  # their graded decisions
+    "pair_from_bars": True,  # FINAL keeps only the gains calibrated before it (the grader's plan_changes)
+    "decides_at_home": True,
+    "untimed_records": ("lab06.accuracy",),  # a fixed-seed run: the same losses for every honest student
+    "repeated_records": ("lab06.chain",),
+    "report_sections": ("speedups", "phases", "memory", "mfu", "analysis"),
+    "ablation": True,
+    "lazy_choices": {"ablation": 'current = FINAL = BASELINE\nCHAIN = [("baseline", BASELINE)]\n'
+                                 'SCREEN = [{**row, "kept": False, "reason": "kept the baseline"} for row in SCREEN]'},
+    "hints": ("ablation",),
+}
+LAB = MANIFEST["lab"]
 # The entry of autograder/expectations/<hardware_class>.json that holds the bar of FINAL
 # (the grader's `calibration_pair` is what `perflab calibrate` times for it).
 EXPECTATION = "lab06_final"
@@ -195,6 +218,11 @@ def sizes(mode: str | None = None) -> LabSizes:
     """The lab's sizes in `mode` (default: the mode in force), built on `perflab.env.mode_sizes`."""
     base = env.mode_sizes(mode, lab=LAB)
     return LabSizes(base.mode, base.data, base.image_size, base.batch_size, **_LAB_SIZES[base.mode])
+
+
+def graded_bars(mode: str) -> list[tuple[str, TrainConfig]]:
+    """This lab's cell re-measured against a calibrated bar: (its entry, its baseline at `mode`)."""
+    return [(EXPECTATION, baseline_config(mode))]
 
 
 def baseline_config(mode: str | None = None) -> TrainConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from perflab.labs import registry
 from perflab.report import figures, markdown
 from perflab.report.layout import (  # noqa: F401 - the page kit, re-exported where callers read it
     CSS,
@@ -30,6 +31,7 @@ from perflab.report.layout import (  # noqa: F401 - the page kit, re-exported wh
     table,
 )
 from perflab.report.model import (
+    ABLATION_LABS,
     LabResults,
     ResultsSet,
     is_cumulative,
@@ -38,18 +40,33 @@ from perflab.report.model import (
 )
 from perflab.throughput import Throughput
 
+
+def _either(sources: Sequence[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return " or ".join([", ".join(sources[:-1]), sources[-1]] if len(sources) > 1 else sources)
+
+
+def measured_by(section: str, *others: str) -> str:
+    """What measures report section `section`: the labs whose manifest lists it (the ablation labs'
+    speedups said so), in course order, then `others` (`perflab profile`)."""
+    labs = [lab.lab + (" (the cumulative ablation)" if lab.ablation and section == "speedups" else "")
+            for lab in registry.manifests() if section in lab.report_sections]
+    return _either([*labs, *others])
+
+
+PROFILE = "`perflab profile`"
 # (DOM id, heading, what measures it when it is missing), in page order.
 SECTIONS = (
     ("machine", "Machine and settings", "every results file records it"),
-    ("baseline", "Baseline", "lab01_measure or `perflab profile`"),
-    ("speedups", "Speedups", "lab06_together (the cumulative ablation) or labs 02–05"),
-    ("phases", "Step-time breakdown", "lab02_feed, lab06_together or `perflab profile`"),
-    ("memory", "Memory against batch size", "lab04_memory or lab06_together"),
-    ("roofline", "Roofline", "lab01_measure or `perflab profile`"),
-    ("top-ops", "Top operations", "lab01_measure or `perflab profile`"),
-    ("mfu", "Remaining gap to peak (MFU)", "lab06_together or `perflab profile`"),
+    ("baseline", "Baseline", measured_by("baseline", PROFILE)),
+    ("speedups", "Speedups", measured_by("speedups")),
+    ("phases", "Step-time breakdown", measured_by("phases", PROFILE)),
+    ("memory", "Memory against batch size", measured_by("memory")),
+    ("roofline", "Roofline", measured_by("roofline", PROFILE)),
+    ("top-ops", "Top operations", measured_by("top-ops", PROFILE)),
+    ("mfu", "Remaining gap to peak (MFU)", measured_by("mfu", PROFILE)),
     ("verification", "Verification", "the autograder (`perflab grade`)"),
-    ("analysis", "Written analysis", "lab06_together"),
+    ("analysis", "Written analysis", measured_by("analysis")),
 )
 SECTION_IDS = tuple(s[0] for s in SECTIONS)
 
@@ -284,7 +301,7 @@ def _speedups(b: _Builder) -> tuple[str, str]:
                          rows, numeric=(1, 2, 3), raw=True))
         sources.append(item)
     else:
-        out.append(not_measured("lab06_together (the cumulative ablation)")
+        out.append(not_measured(_either([f"{lab} (the cumulative ablation)" for lab in ABLATION_LABS]))
                    .replace(NOT_MEASURED, f"Cumulative waterfall {NOT_MEASURED}", 1))
     single = [(i, r) for i in b.rs.having("speedups") for r in i.sections["speedups"]
               if not is_cumulative(i, r)]
@@ -382,7 +399,7 @@ def _memory(b: _Builder) -> tuple[str, str]:
                          numeric=range(0, len(series) + 1)))
     budget = b.rs.latest("memory_budget")
     if budget and not items:
-        out.append(not_measured("lab04_memory or lab06_together")
+        out.append(not_measured(measured_by("memory"))
                    .replace(NOT_MEASURED, f"Memory against batch size {NOT_MEASURED}", 1))
     if budget:
         data = numeric_items(budget.sections["memory_budget"])

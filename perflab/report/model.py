@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from perflab import results
+from perflab.labs import registry
 
-# The labs in course order. A report lists other runs (a `perflab profile` diagnosis) first, then
-# the labs in this order, so that "the latest" file holding a section is the most optimised state.
-LAB_ORDER = ("lab01_measure", "lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile",
-             "lab06_together")
+# The labs in course order (their manifests'). A report lists other runs (a `perflab profile` diagnosis)
+# first, then the labs in this order, so that "the latest" file holding a section is the most optimised state.
+LAB_ORDER = registry.names()
 
-# The lab whose `speedups` rows are a cumulative ablation unless a row says otherwise.
-ABLATION_LAB = "lab06_together"
+# The labs whose `speedups` rows are a cumulative ablation unless a row says otherwise (a manifest's `ablation`).
+ABLATION_LABS = tuple(lab.lab for lab in registry.with_any("ablation"))
 
 # How far a stored speedup may be from the one its raw samples give (float rounding only).
 SAMPLES_RTOL = 1e-6
@@ -143,7 +143,7 @@ def waterfall_steps(rows: Sequence[dict[str, Any]]) -> list[Step]:
 
 
 def is_cumulative(item: LabResults, row: dict[str, Any]) -> bool:
-    return bool(row.get("cumulative", item.lab == ABLATION_LAB))
+    return bool(row.get("cumulative", item.lab in ABLATION_LABS))
 
 
 def numeric_items(mapping: dict[str, Any]) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import importlib.util
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -61,7 +62,7 @@ def grader_side(lab: str) -> Any:
             raise
         raise NoGraderSide(NO_GRADER_SIDE) from exc
     module = judging.hidden_module(lab)
-    if module is None and judging.hidden_module("lab01") is None:
+    if module is None and importlib.util.find_spec(judging.HIDDEN_PACKAGE) is None:
         raise NoGraderSide(NO_GRADER_SIDE)
     return module
 
@@ -70,19 +71,14 @@ def _lab_sides() -> list[tuple[Any, Any]]:
     """(contract, grader's side) of each lab that holds a graded run to a pair of its own: EXPECTATION in
     the contract (`perflab.labs.labNN`), `calibration_pair(mode)` on the grader's side (lab 4's
     checkpointing of every stage, lab 3's and lab 6's reference answers)."""
-    import importlib
-    import pkgutil
-    import re
-
-    import perflab.labs
+    from perflab.labs import registry
 
     found = []
-    for info in sorted(pkgutil.iter_modules(perflab.labs.__path__), key=lambda i: i.name):
-        if re.fullmatch(r"lab\d\d", info.name):
-            module = importlib.import_module(f"perflab.labs.{info.name}")
-            side = grader_side(info.name)
-            if hasattr(side, "calibration_pair") and hasattr(module, "EXPECTATION"):
-                found.append((module, side))
+    for lab in registry.manifests():
+        module = registry.contract(lab)
+        side = grader_side(lab.key)
+        if hasattr(side, "calibration_pair") and hasattr(module, "EXPECTATION"):
+            found.append((module, side))
     return found
 
 
@@ -92,16 +88,12 @@ def _lab_modules() -> list[Any]:
     return [module for module, _ in _lab_sides()]
 
 
-# The lab that grades each reference optimisation: it is calibrated at that lab's grade workload
-# (`perflab.env.GRADE_WORKLOADS`), the sizes its bar is then used at.
-GRADED_IN: dict[str, str] = {
-    "amp_bf16": "lab03_amp",
-    "amp_fp16": "lab03_amp",
-    "channels_last": "lab03_amp",
-    "num_workers": "lab02_feed",
-    "checkpoint": "lab04_memory",
-    "compile": "lab05_compile",
-}
+def graded_in(name: str) -> str | None:
+    """The lab that grades reference optimisation `name` (its manifest's `graded_changes`): it is calibrated
+    at that lab's grade workload, the sizes its bar is then used at; None for none."""
+    from perflab.labs import registry
+
+    return next((m.lab for m in registry.manifests() if name in m.graded_changes), None)
 
 
 def lab_names() -> list[str]:
@@ -173,7 +165,7 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
     kept = dict(entries) if add else {}
     for name in chosen:
         if name in REFERENCE_CHANGES:
-            base = baseline_config(mode, device, GRADED_IN.get(name))
+            base = baseline_config(mode, device, graded_in(name))
             entries[name] = _measure(name, base, base.replace(**REFERENCE_CHANGES[name]), repeats, budget, on_run,
                                      stamp=stamp, earlier=kept.get(name))
     sides = {module.EXPECTATION: side for module, side in _lab_sides()}

@@ -171,8 +171,9 @@ def calibration_pair(mode: str = "grade") -> tuple[TrainConfig, TrainConfig]:
 # What lab 6 starts from: the student's decisions of the labs before it, as the grader graded them
 
 # The graded labs whose decisions lab 6 takes over, as their judges recorded them (`Mark.decision`: lab 2's
-# BEST, lab 3's AMP_CONFIG, lab 4's CHECKPOINT_CHOICE, lab 5's CHOICE). The grader grades them first.
-STARTS_FROM = ("lab02_feed", "lab03_amp", "lab04_memory", "lab05_compile")
+# BEST, lab 3's AMP_CONFIG, lab 4's CHECKPOINT_CHOICE, lab 5's CHOICE), as its manifest declares them.
+# The grader grades them first.
+STARTS_FROM = lab06.MANIFEST["starts_from"]
 
 
 def earlier_results(decisions: Mapping[str, Mapping[str, Any]], machine: Any = None) -> tuple[tuple[str, str], ...]:
