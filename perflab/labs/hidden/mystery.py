@@ -56,8 +56,13 @@ SAVING_SLACK = 0.05
 # carol's light row loop at 0.067-0.069 in three runs where the grader's fresh child read 0.00-0.07 (the
 # reference investigation lost that finding in 2 of 4 test runs at 0.05). Typing 0 for a full bug still
 # fails (g / 2 - 0.05 > 0 for every full dose, 0.13 or more), and a constant still ties a light bug
-# with a full one.
-SAVING_SLACK_ABOVE = 0.10
+# with a full one. A notebook's reading is taken beside whatever else the grading machine runs (its kernel
+# holds no timing lock): over 40 ids graded twice each (`make bench-mystery-ids`), the one honest finding
+# out of a 0.10 band was a light Python collate the notebook read at 0.152 while other work ran, the
+# grader 0.007 and 0.002; that pipeline's savings taken five times beside a 2-thread matmul read the
+# light bug at 0.03-0.14, at 0.01-0.06 alone. Only an upper bound moves: a saving must still be one
+# this run measured, on a copy that changes that bug's lines.
+SAVING_SLACK_ABOVE = 0.15
 # Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
 # the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
 # Whether a finding's type counts only with a measured, agreeing saving. Measured in the grader's own
