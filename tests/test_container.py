@@ -73,7 +73,7 @@ def test_it_runs_perflab_as_root_with_the_sandbox_user_made():
     runs = " ".join(a for w, a in instructions() if w == "RUN")
     assert f"useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin " \
            f"{sandbox.SANDBOX_USER}" in runs
-    assert "util-linux" in runs and 'pip install --no-cache-dir -e ".[labs]"' in runs
+    assert "util-linux" in runs and 'pip install --no-cache-dir -c constraints.txt -e ".[labs]"' in runs  # the tested versions
     assert "/opt/perflab/autograder/course" in steps["VOLUME"]
 
 
