@@ -49,7 +49,7 @@ def make(lab: str, sections: Mapping[str, Any], *, config: Any = None, machine: 
         "schema": SCHEMA,
         "version": VERSION,
         "lab": lab,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine.to_dict() if hasattr(machine, "to_dict") else dict(machine),
         "config": config.to_dict() if hasattr(config, "to_dict") else config,
         "sections": _jsonable(dict(sections)),

@@ -179,7 +179,7 @@ def collect(course: Path, source: Path, *, lab: str | None = None, pattern: str 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / notebook
             path.write_bytes(cand.data)
-            nbapi.submit(course, lab_name, student, path, timestamp=cand.when.astimezone(_dt.timezone.utc))
+            nbapi.submit(course, lab_name, student, path, timestamp=cand.when.astimezone(_dt.UTC))
         lms = lms_student(PurePosixPath(cand.name)) if regex is None else None
         collected.append(Collected(student, lab_name, cand.name, *(lms[1:] if lms else ())))
     _keep_display_names(course, collected)

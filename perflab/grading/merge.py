@@ -94,7 +94,7 @@ def merge(course: Path, job: Job, info: LabInfo, result: SubmissionResult, state
         outcome="failed" if result.error else "graded", cells=tuple(cells), notes=tuple(notes),
         flagged=bool(flags), flags=tuple(flags), error=result.error, backend=backend,
         wall_s=float(result.wall_s),
-        graded_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        graded_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         merges=(previous.merges + 1) if previous and previous.sha256 == job.sha256 else 1,
         isolation=result.isolation, uncalibrated=tuple(uncalibrated))
 

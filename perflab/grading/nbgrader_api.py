@@ -174,7 +174,7 @@ def submit(course_dir: str | os.PathLike[str], lab: str, student: str,
         if not path.is_file():
             raise FileNotFoundError(f"submit {lab} for {student}: {path} does not exist")
         shutil.copyfile(path, dest / path.name)
-    when = timestamp or _dt.datetime.now(_dt.timezone.utc)
+    when = timestamp or _dt.datetime.now(_dt.UTC)
     (dest / "timestamp.txt").write_text(when.strftime(TIMESTAMP_FORMAT).strip(), encoding="utf-8")
     return dest
 

@@ -177,6 +177,6 @@ def page(title: str, subtitle: str, nav: Sequence[tuple[str, str]], body: str) -
         f"<header><h1>{esc(title)}</h1><p>{subtitle}</p></header>"
         f"<nav>{links}</nav><main>{body}</main>"
         f"<footer>perflab {esc(version)} · generated "
-        f"{esc(_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))}</footer>"
+        f"{esc(_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC'))}</footer>"
         "</body></html>\n"
     )

@@ -161,7 +161,7 @@ def calibrate(names: Sequence[str] | None = None, *, repeats: int = DEFAULT_REPE
     chosen = available(names, device)
     path = expectations.expectations_path(machine.hardware_class, out_dir)
     entries = _kept_entries(path, machine.hardware_class, mode)
-    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+    stamp = _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
     kept = dict(entries) if add else {}
     for name in chosen:
         if name in REFERENCE_CHANGES:
@@ -279,7 +279,7 @@ def _write(path: Path, machine: Any, mode: str, repeats: int, pairs: int, entrie
     doc = {"schema": expectations.SCHEMA, "version": expectations.VERSION,
            "hardware_class": machine.hardware_class, "mode": mode, "repeats": repeats, "pairs": pairs,
            "verify_threads": VERIFY_THREADS,
-           "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
            "machine": machine.to_dict(),
            "optimisations": {k: v for k, v in entries.items() if "threshold" in v or v["kind"] == "unmeasured"}}
     if host:
