@@ -1,0 +1,81 @@
+"""Each lab's MANIFEST (perflab.labs.registry): read as data, checked field by field, true to the lab."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from perflab import diagnose
+from perflab.labs import build, registry
+from perflab.labs.manifest import LabManifest
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+
+
+def grade_ids(lab: str) -> set[str]:
+    nb = build.read_notebook(build.source_notebook(lab))
+    return {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells} - {None}
+
+
+def test_every_lab_of_the_kit_is_in_the_registry_in_course_order() -> None:
+    names = registry.names()
+    assert list(names) == sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and p.name.startswith("lab"))
+    assert registry.find("lab03") == registry.find("lab03_amp") == registry.manifest("lab03_amp")
+    assert registry.find("lab99_none") is None
+
+
+@pytest.mark.parametrize("lab", registry.manifests(), ids=lambda m: m.lab)
+def test_what_a_manifest_declares_is_true_of_its_lab(lab: LabManifest) -> None:
+    ids = grade_ids(lab.lab)
+    assert set(lab.lazy_choices) <= ids, "lazy_choices names a grade_id the notebook lacks"
+    assert all(registry.names().index(e) < registry.names().index(lab.lab) for e in lab.starts_from)
+    topics = {diagnose.LOADING, diagnose.PRECISION, diagnose.LAYOUT, diagnose.CHECKPOINTING, diagnose.COMPILING,
+              diagnose.ABLATION}
+    assert set(lab.hints) <= topics
+    contract = registry.contract(lab)
+    assert lab.lab == contract.LAB
+    if lab.bars:
+        for entry, workload in registry.graded_bars(lab.lab, "grade"):
+            assert isinstance(entry, str) and entry
+            assert workload is None or hasattr(workload, "replace")
+
+
+def test_every_topic_the_diagnosis_points_to_is_taught_by_a_lab() -> None:
+    for topic in (diagnose.LOADING, diagnose.PRECISION, diagnose.LAYOUT, diagnose.CHECKPOINTING, diagnose.COMPILING,
+                  diagnose.ABLATION):
+        assert diagnose.lab_teaching(topic) in diagnose.LABS, topic
+
+
+def _write(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / registry.COURSE_MANIFEST_FILE
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_course_lab_declares_its_manifest_beside_its_probes(tmp_path: Path) -> None:
+    folder = tmp_path / "source" / "lab07_extra"
+    _write(folder, 'PROBES = {}\nMANIFEST = {"lab": "lab07_extra", "title": "Lab 7", '
+                   '"workloads": {"grade": {"cpu": ("small", 32, 8)}}, "report_sections": ["speedups"]}\n')
+    got = registry.manifest("lab07_extra", folder)
+    assert (got.title, got.workload("grade", "cpu"), got.report_sections) == ("Lab 7", ("small", 32, 8), ("speedups",))
+    assert registry.manifest("lab08_bare", tmp_path / "nowhere") == LabManifest(lab="lab08_bare")
+    with pytest.raises(ValueError, match="names lab 'lab07_extra', not 'lab09_other'"):
+        registry.manifest("lab09_other", folder)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('MANIFEST = {"lab": "lab07_extra", "colour": 1}', "unknown field"),
+    ('MANIFEST = {"lab": "lab07_extra", "fed": "yes"}', "MANIFEST['fed'] must be a bool"),
+    ('MANIFEST = {"lab": "Lab Seven"}', "must be the lab's name"),
+    ('MANIFEST = {"lab": "lab07_extra", "workloads": {"grade": {"cpu": ("small", 32)}}}', "workload grade/cpu"),
+    ('import os\nMANIFEST = {"lab": os.environ["LAB"]}', "a literal dict"),
+    ('MANIFEST = ["lab07_extra"]', "must be a dict"),
+])
+def test_a_malformed_manifest_is_one_line_naming_its_file_and_field(tmp_path: Path, text: str, says: str) -> None:
+    path = _write(tmp_path, text + "\n")
+    with pytest.raises(ValueError, match=re.escape(says)) as raised:
+        registry.read(path)
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
