@@ -21,8 +21,6 @@ from perflab import stats
 # the steady steps do not (a loader restart, a collection): 3x keeps a noisy CPU step out.
 STALL_RATIO = 3.0
 STALL_MIN_SECONDS = 0.005
-# The wall and median figures differ by more than this: the stalls, not the steady steps, set the pace.
-STALL_SHARE_NOTE = 0.05
 
 
 @dataclass(frozen=True)

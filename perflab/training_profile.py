@@ -116,10 +116,6 @@ class TrainingProfile:
                 f"data path ({self.ceiling.throughput:,.1f} samples/s on one batch already on the device, "
                 f"{self.ceiling.step_time.n} timed steps)")
 
-    def throughput_ci(self) -> tuple[float, float]:
-        """95% CI of the wall throughput (bootstrap over the timed steps)."""
-        return self.rate.ci()
-
     @property
     def flops_per_sample(self) -> tuple[int, int]:
         """(forward, forward+backward) FLOPs per sample."""

@@ -244,17 +244,6 @@ def generate_feedback(course_dir: str | os.PathLike[str], lab: str, student: str
     return course / "feedback" / student / lab
 
 
-def autograded_notebook(course_dir: str | os.PathLike[str], lab: str, student: str,
-                        notebook: str | None = None) -> Path:
-    """The executed notebook of a submission (the lab's single notebook unless `notebook` is named)."""
-    folder = _course(course_dir) / "autograded" / student / lab
-    found = sorted(folder.glob(f"{notebook or '*'}.ipynb"))
-    if len(found) != 1:
-        raise FileNotFoundError(f"{folder}: expected one autograded notebook"
-                                f"{' named ' + notebook if notebook else ''}, found {len(found)}")
-    return found[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # Internals
 

@@ -61,12 +61,6 @@ def warm_up() -> None:
         _running()
 
 
-def server_pid() -> int | None:
-    """The pid of this process's measuring server (None when none runs)."""
-    process = _Server.process
-    return process.pid if process is not None and process.poll() is None else None
-
-
 def call(fn: str, kwargs: dict[str, Any], timeout_s: float | None, timing_lock: str | None = None) -> Any:
     """`fn(**kwargs)` (a "perflab.module:function" whose arguments and result are JSON) in a fork of the
     server; MeasurementFailed with the reason where no result came back within `timeout_s` (None: no
