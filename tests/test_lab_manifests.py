@@ -79,3 +79,21 @@ def test_a_malformed_manifest_is_one_line_naming_its_file_and_field(tmp_path: Pa
     with pytest.raises(ValueError, match=re.escape(says)) as raised:
         registry.read(path)
     assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_course_lab_in_force_is_read_from_its_folder_wherever_the_core_reads_a_lab(tmp_path: Path) -> None:
+    from perflab.verify import calibrate
+
+    folder = tmp_path / "lab07_extra"
+    _write(folder, 'MANIFEST = {"lab": "lab07_extra", "bars": "bars"}\nPROBES = {}\nEXPECTATION = "lab07_extra"\n'
+                   'def baseline_config(mode):\n    return ("base", mode)\n'
+                   'def bars(mode):\n    return [(EXPECTATION, baseline_config(mode))]\n')
+    (folder / registry.COURSE_JUDGES_FILE).write_text(
+        'JUDGES = {}\ndef calibration_pair(mode):\n    return ("base", mode), ("candidate", mode)\n', encoding="utf-8")
+    assert registry.graded_bars("lab07_extra", "grade") == [] and "lab07_extra" not in calibrate.lab_names()
+    with registry.course_labs({"lab07_extra": folder, "lab03_amp": tmp_path / "ignored"}):
+        assert [m.lab for m in registry.labs()] == [*registry.names(), "lab07_extra"]  # the kit's lab stays the kit's
+        assert registry.graded_bars("lab07_extra", "grade") == [("lab07_extra", ("base", "grade"))]
+        assert registry.grader_side("lab07_extra").calibration_pair("grade")[1] == ("candidate", "grade")
+        assert calibrate.lab_pairs("grade")["lab07_extra"] == (("base", "grade"), ("candidate", "grade"))
+    assert registry.course_folder("lab07_extra") is None and registry.labs() == registry.manifests()

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from perflab.grading.probing import Probe, run_probes
+from perflab.labs import registry
 
 OBSERVATIONS_SCHEMA = "perflab.grading.observations"
 LAB_MODULE = re.compile(r"^(lab\d\d)_")
-PROBES_FILE = "probes.py"
+PROBES_FILE = registry.COURSE_MANIFEST_FILE  # a course lab's public module
 
 
 def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] | None:
@@ -48,11 +49,7 @@ def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] |
                 return dict(probes)
     path = Path(folder or Path.cwd()) / PROBES_FILE
     if path.is_file():
-        spec = importlib.util.spec_from_file_location(f"perflab_course_probes_{match.group(1) if match else 'lab'}",
-                                                      path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return dict(module.PROBES)
+        return dict(registry.load_file(path, f"{lab}_public").PROBES)
     return None
 
 

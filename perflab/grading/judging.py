@@ -36,11 +36,12 @@ from typing import Any
 
 from perflab.grading.marks import Mark, Suspicious
 from perflab.grading.probing import run_probes
+from perflab.labs import registry
 
 log = logging.getLogger(__name__)
 
 LAB_MODULE = re.compile(r"^(lab\d\d)_")
-JUDGES_FILE = "judges.py"
+JUDGES_FILE = registry.COURSE_JUDGES_FILE  # a course lab's grader's side
 # Lines of feedback from one judge's message (a long assertion message stays readable).
 MESSAGE_MAX_CHARS = 600
 
@@ -150,11 +151,7 @@ def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, J
         if judges is not None:
             return dict(judges)
     if source_folder is not None and (Path(source_folder) / JUDGES_FILE).is_file():
-        path = Path(source_folder) / JUDGES_FILE
-        spec = importlib.util.spec_from_file_location(f"perflab_course_judges_{lab}", path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return dict(module.JUDGES)
+        return dict(registry.load_file(Path(source_folder) / JUDGES_FILE, f"{lab}_judges").JUDGES)
     return None
 
 

@@ -25,6 +25,7 @@ time; a notebook's own timed cells take none (no submission may hold up another'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -80,6 +81,7 @@ from perflab.grading.workfolders import (
     sandbox_base,
     work_folder,
 )
+from perflab.labs import registry
 from perflab.verify.expectations import reading
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
@@ -221,7 +223,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             *settings.hide]
     from perflab import env as _env
 
-    with lock(course), _env.assigned(settings.device):  # the grader's own judges grade for the run's device too
+    # the grader's own judges grade for the run's device too
+    with lock(course), _env.assigned(settings.device), contextlib.ExitStack() as own_labs:
         hardware = _env.machine_info().hardware_class
         removed = remove_abandoned()
         for path in removed:
@@ -230,6 +233,8 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         todo, done = plan(course, state, labs, students, force)
         infos = {lab: lab_info(course, lab) for lab in {j.lab for j in todo}}
         templates = {lab: template(course, lab) for lab in infos}
+        # A course's own lab is read from its folder wherever the core reads a lab (its bars, its workloads).
+        own_labs.enter_context(registry.course_labs({lab: t / "source" / lab for lab, t in templates.items()}))
         for lab, info in infos.items():
             lab_judges(info, templates[lab])  # a lab the grader cannot decide stops here, before any grading
         build_data(infos, settings)
@@ -306,8 +311,6 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
 def starts_from(lab: str) -> tuple[str, ...]:
     """The labs whose graded decisions `lab` starts from, as its manifest declares them (`starts_from`; its
     grader-only module's `earlier_results` hands them over): lab 6 takes over labs 2-5's."""
-    from perflab.labs import registry
-
     return registry.manifest(lab).starts_from
 
 
@@ -390,7 +393,6 @@ def data_sizes(labs: Iterable[str], settings: Settings) -> list[str]:
     on the device the jobs are graded for (`settings.device`; default: this machine's)."""
     from perflab import env as _env
     from perflab import mystery
-    from perflab.labs import registry
 
     labs = list(labs)
     mode = judging.grading_mode(settings.env)

@@ -3,19 +3,30 @@
     registry.manifests()            every `perflab/labs/labNN.py` contract's MANIFEST, in order
     registry.manifest("lab03_amp")  one lab's (by name or key, "lab03"); a course lab's from its folder
     registry.graded_bars(lab, mode) its cells re-measured against a calibrated bar
+    with registry.course_labs({"lab07_x": folder}):   a course's own labs, read from their folders
+        registry.labs()             the kit's labs, then the course's own
 
 A manifest is read from the contract's source (`ast.literal_eval` of its `MANIFEST = {...}`), never by
 importing it: env reads workloads before anything else is imported, and the report imports no torch.
 Only `contract` and `graded_bars` import a lab's contract, when called.
+
+A course's own lab is a folder beside the kit's (its notebook, `probes.py`, `judges.py`): `probes.py` is
+its public module (PROBES, its MANIFEST, and where it has a bar, EXPECTATION, `baseline_config(mode)`
+and the `bars` function its manifest names), `judges.py` its grader's side (JUDGES, `calibration_pair`).
+A grading run puts the labs it grades in force (`course_labs`), so that the core (calibration,
+self-calibration, the bars it reports) reads a seventh lab as it reads the kit's six.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
+import importlib.util
 import pkgutil
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +37,10 @@ PACKAGE = "perflab.labs"
 CONTRACT = re.compile(r"lab\d\d")
 # A course's own lab keeps its manifest, like its probes, in this file beside its source notebook.
 COURSE_MANIFEST_FILE = "probes.py"
+# Its grader's side (judges, calibration pair), never released to students (`perflab.grading.judging`).
+COURSE_JUDGES_FILE = "judges.py"
+# The course's own labs in force ({lab: its source folder}): see `course_labs`.
+_COURSE_LABS: dict[str, Path] = {}
 
 
 def read(path: Path) -> LabManifest | None:
@@ -69,12 +84,37 @@ def find(lab: str | None) -> LabManifest | None:
     return next((m for m in manifests() if lab in (m.lab, m.key)), None)
 
 
+@contextlib.contextmanager
+def course_labs(folders: Mapping[str, str | Path]) -> Iterator[None]:
+    """Within: each lab of `folders` ({lab: its source folder}) that is not the kit's is read from its folder
+    (`manifest`, `contract`, `grader_side`, `graded_bars`) and listed by `labs`."""
+    before = dict(_COURSE_LABS)
+    _COURSE_LABS.update({lab: Path(f).resolve() for lab, f in folders.items() if find(lab) is None})
+    try:
+        yield
+    finally:
+        _COURSE_LABS.clear()
+        _COURSE_LABS.update(before)
+
+
+def course_folder(lab: str) -> Path | None:
+    """The source folder of `lab` where it is a course's own lab in force; None otherwise."""
+    return _COURSE_LABS.get(lab)
+
+
+def labs() -> tuple[LabManifest, ...]:
+    """The kit's labs in course order, then the course's own labs in force (by name)."""
+    return (*manifests(), *(manifest(lab) for lab in sorted(_COURSE_LABS)))
+
+
 def manifest(lab: str, folder: str | Path | None = None) -> LabManifest:
     """`lab`'s manifest: the kit's, else the MANIFEST of the course lab's `probes.py` in `folder` (its
-    source folder), else a bare one (no workloads of its own, no bar, no report role)."""
+    source folder; default: its folder where it is in force), else a bare one (no workloads of its own,
+    no bar, no report role)."""
     found = find(lab)
     if found is not None:
         return found
+    folder = folder if folder is not None else _COURSE_LABS.get(lab)
     path = Path(folder) / COURSE_MANIFEST_FILE if folder is not None else None
     course = read(path) if path is not None and path.is_file() else None
     if course is not None and course.lab != lab:
@@ -83,14 +123,42 @@ def manifest(lab: str, folder: str | Path | None = None) -> LabManifest:
 
 
 def contract(lab: LabManifest) -> ModuleType:
-    """The kit lab's contract module (`perflab.labs.labNN`), imported now."""
+    """The lab's public module, imported now: the kit's contract (`perflab.labs.labNN`), or a course lab's
+    `probes.py` where it is in force."""
+    folder = _COURSE_LABS.get(lab.lab)
+    if folder is not None:
+        return load_file(folder / COURSE_MANIFEST_FILE, f"{lab.lab}_public")
     return importlib.import_module(f"{PACKAGE}.{lab.key}")
+
+
+def grader_side(lab: str) -> ModuleType | None:
+    """A course lab's grader's side (its `judges.py`) where it is in force and has one; else None (the kit's
+    labs keep theirs in `perflab.labs.hidden`, which `perflab.grading.judging` reads)."""
+    folder = _COURSE_LABS.get(lab)
+    path = folder / COURSE_JUDGES_FILE if folder is not None else None
+    return load_file(path, f"{lab}_judges") if path is not None and path.is_file() else None
+
+
+@functools.cache
+def _loaded(path: Path, stamp: tuple[int, int], name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"perflab_course_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """The module in file `path`, loaded once per version of the file."""
+    info = Path(path).stat()
+    return _loaded(Path(path).resolve(), (info.st_mtime_ns, info.st_size), name)
 
 
 def graded_bars(lab: str, mode: str) -> list[tuple[str, Any]]:
     """(expectations entry, baseline workload) of each cell of `lab` re-measured against a bar calibrated on
-    the grading machine, at `mode`'s sizes: what its contract's `bars` function returns ([] where none)."""
-    found = find(lab)
+    the grading machine, at `mode`'s sizes: what its public module's `bars` function returns ([] where none)."""
+    found = find(lab) or (manifest(lab) if lab in _COURSE_LABS else None)
     if found is None or not found.bars:
         return []
     return list(getattr(contract(found), found.bars)(mode))

@@ -54,7 +54,13 @@ class NoGraderSide(LookupError):
 def grader_side(lab: str) -> Any:
     """The grader's half of lab `lab` ("lab06"), where its answer key lives (`reference_best`,
     `reference_final`, `calibration_pair`: the student's kit holds the contract only); None for a lab
-    without one. NoGraderSide where this copy has no grader's side at all (a student's kit)."""
+    without one. NoGraderSide where this copy has no grader's side at all (a student's kit). A course's own
+    lab in force (`registry.course_labs`) has its `judges.py`."""
+    from perflab.labs import registry
+
+    own = registry.grader_side(lab)
+    if own is not None:
+        return own
     try:
         from perflab.grading import judging
     except ImportError as exc:  # the student bundle leaves the judges out with the answer key
@@ -69,14 +75,14 @@ def grader_side(lab: str) -> Any:
 
 def _lab_sides() -> list[tuple[Any, Any]]:
     """(contract, grader's side) of each lab that holds a graded run to a pair of its own: EXPECTATION in
-    the contract (`perflab.labs.labNN`), `calibration_pair(mode)` on the grader's side (lab 4's
-    checkpointing of every stage, lab 3's and lab 6's reference answers)."""
+    the contract (`perflab.labs.labNN`, a course lab's `probes.py`), `calibration_pair(mode)` on the
+    grader's side (lab 4's checkpointing of every stage, lab 3's and lab 6's reference answers)."""
     from perflab.labs import registry
 
     found = []
-    for lab in registry.manifests():
+    for lab in registry.labs():
         module = registry.contract(lab)
-        side = grader_side(lab.key)
+        side = grader_side(lab.lab)
         if hasattr(side, "calibration_pair") and hasattr(module, "EXPECTATION"):
             found.append((module, side))
     return found
@@ -93,7 +99,7 @@ def graded_in(name: str) -> str | None:
     at that lab's grade workload, the sizes its bar is then used at; None for none."""
     from perflab.labs import registry
 
-    return next((m.lab for m in registry.manifests() if name in m.graded_changes), None)
+    return next((m.lab for m in registry.labs() if name in m.graded_changes), None)
 
 
 def lab_names() -> list[str]:
