@@ -491,25 +491,30 @@ def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> Non
     assert _score(measured, planted, savings).fraction == 1.0
 
 
-def test_a_bug_planted_light_must_save_less_than_one_planted_full_even_where_one_reading_cannot_tell() -> None:
-    """Each pipeline plants one bug that costs time at a light dose: its saving is below every full one's by
-    design, so the diagnosis must order them so whatever one noisy reading says (here the grader read 0.05
-    and 0.12, not clearly apart); a guessed constant ties them and loses both, the honest order keeps them,
-    and the reversed order loses them."""
+def test_two_bugs_the_grader_cannot_tell_apart_may_be_read_in_either_order_but_apart_they_must_be_ordered() -> None:
+    """Each pipeline plants one bug that costs time at a light dose. Where the grader's own readings are not
+    clearly apart (here 0.05 and 0.12), a notebook that read the light one above the full one (its kernel
+    shares the machine with other work) keeps both: the demo's reference under load read 0.2 beside 0.164
+    where the grader read 0.07 and 0.13. Where the grader's readings are clearly apart, the reversed order
+    and a tie lose both."""
     case = next(c for c in (truths.truth(f"s{i}") for i in range(200))
                 if sum(BY_KEY[p.key].costs_time for p in c.planted) == 2)
     light, full = sorted((p for p in case.planted if BY_KEY[p.key].costs_time), key=lambda p: p.dose != "light")
     assert (light.dose, full.dose) == ("light", "full")
-    savings = {light.key: 0.05, full.key: 0.12}
-    assert not judges._clearly_apart(0.05, 0.12)
 
-    def score(own: dict[str, float]) -> judges.DiagnosisScore:
+    def score(own: dict[str, float], savings: dict[str, float]) -> judges.DiagnosisScore:
         findings = [_finding(p.lines[-1], p.kind, p.function, own.get(p.key, 0.0)) for p in case.planted]
         return _score(findings, case.planted, savings)
 
-    assert score({light.key: 0.08, full.key: 0.08}).fraction == judges.LOCATION_WORTH  # a tie, in both bands
-    assert score({light.key: 0.03, full.key: 0.09}).fraction == 1.0  # measured: the light one saves less
-    assert set(score({light.key: 0.09, full.key: 0.07}).disagreeing) == {light.key, full.key}
+    near = {light.key: 0.05, full.key: 0.12}
+    assert not judges._clearly_apart(0.05, 0.12)
+    assert score({light.key: 0.03, full.key: 0.09}, near).fraction == 1.0
+    assert score({light.key: 0.09, full.key: 0.07}, near).fraction == 1.0  # read the other way round: kept
+    apart = {light.key: 0.02, full.key: 0.30}
+    assert judges._clearly_apart(0.02, 0.30)
+    assert score({light.key: 0.03, full.key: 0.25}, apart).fraction == 1.0
+    assert set(score({light.key: 0.16, full.key: 0.15}, apart).disagreeing) == {light.key, full.key}  # reversed
+    assert set(score({light.key: 0.15, full.key: 0.15}, apart).disagreeing) == {light.key, full.key}  # a tie
 
 
 def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagree_with_it(monkeypatch) -> None:

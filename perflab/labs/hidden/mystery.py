@@ -63,8 +63,8 @@ SAVING_SLACK = 0.05
 # light bug at 0.03-0.14, at 0.01-0.06 alone. Only an upper bound moves: a saving must still be one
 # this run measured, on a copy that changes that bug's lines.
 SAVING_SLACK_ABOVE = 0.15
-# Two located bugs whose savings differ clearly (the larger above SAVING_FACTOR times the smaller plus
-# the slack) must be in the same order in the diagnosis: a guessed constant or a guessed order loses both.
+# Two located bugs whose savings the grader reads clearly apart (the larger above SAVING_FACTOR times the
+# smaller plus the slack) must be in the same order in the diagnosis: a tie or the reverse order loses both.
 # Whether a finding's type counts only with a measured, agreeing saving. Measured in the grader's own
 # process, the savings were not reliable while it graded two notebooks at once (an honest part 10 lost
 # 2.7 to 8 of 8 in three demo runs), so the grader measures in a process of its own (`measured_savings`),
@@ -210,16 +210,16 @@ def score_diagnosis(findings: Sequence[Mapping[str, Any]], planted: Sequence[Pla
             if not measured_in_run(float(f.get("saves", math.nan)), p, others, measured, digest):
                 unmeasured.append(p.key)
         timed = [key for key in said if key not in unmeasured]
-        dose = {p.key: p.dose for p in planted}
         for key in timed:
             truth, own = savings[key], said[key]
-            # Two bugs are apart where the grader's savings differ clearly, or where they were planted at
-            # different doses (a light one saves less than a full one by design, whatever the noise of
-            # one measurement): their order must be the diagnosis's, and a tie (a guessed constant)
-            # orders neither.
-            misordered = any((_clearly_apart(truth, savings[q]) or dose[key] != dose[q])
-                             and ((truth > savings[q] if dose[key] == dose[q] else dose[key] == "full")
-                                  != (own > said[q]) or own == said[q])
+            # Two bugs whose savings the grader reads clearly apart must be in that order in the diagnosis,
+            # and a tie orders neither. Where the grader's own readings do not tell them apart, neither is
+            # the student held to an order: a bug planted light read 0.2 beside a full one's 0.164 in an
+            # honest notebook graded beside other work, where the grader read 0.07 and 0.13, and each
+            # saving is already bound to that bug's own measured copy (`measured_in_run`), so no order
+            # can be typed in.
+            misordered = any(_clearly_apart(truth, savings[q]) and ((truth > savings[q]) != (own > said[q])
+                                                                    or own == said[q])
                              for q in timed if q != key)
             if not saving_agrees(own, truth) or misordered:
                 disagreeing.append(key)
