@@ -97,11 +97,6 @@ def course_labs(folders: Mapping[str, str | Path]) -> Iterator[None]:
         _COURSE_LABS.update(before)
 
 
-def course_folder(lab: str) -> Path | None:
-    """The source folder of `lab` where it is a course's own lab in force; None otherwise."""
-    return _COURSE_LABS.get(lab)
-
-
 def labs() -> tuple[LabManifest, ...]:
     """The kit's labs in course order, then the course's own labs in force (by name)."""
     return (*manifests(), *(manifest(lab) for lab in sorted(_COURSE_LABS)))
