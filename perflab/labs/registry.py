@@ -128,7 +128,7 @@ def contract(lab: LabManifest) -> ModuleType:
 
 def grader_side(lab: str) -> ModuleType | None:
     """A course lab's grader's side (its `judges.py`) where it is in force and has one; else None (the kit's
-    labs keep theirs in `perflab.labs.hidden`, which `perflab.grading.judging` reads)."""
+    labs keep theirs in the grader-only `hidden` subpackage, which `perflab.grading.judging` reads)."""
     folder = _COURSE_LABS.get(lab)
     path = folder / COURSE_JUDGES_FILE if folder is not None else None
     return load_file(path, f"{lab}_judges") if path is not None and path.is_file() else None
