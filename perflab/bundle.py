@@ -40,6 +40,7 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("datasets/recipe.json", None),
     ("datasets/DATA_CARD.md", None),
     ("datasets/README.md", None),
+    ("perflab-course.toml", None),
     ("pyproject.toml", None),
     ("constraints.txt", None),
     ("nbgrader_config.py", None),

@@ -13,6 +13,11 @@ from typing import Any
 
 import torch
 
+from perflab import course
+from perflab.course import DATA_ENV as DATA_ENV  # the names the kit reads them by
+from perflab.course import DEFAULT_MODEL as DEFAULT_MODEL
+from perflab.course import MODEL_ENV as MODEL_ENV
+
 DEVICE_KINDS = ("cuda", "mps", "cpu")
 
 # CPU flags that change what mixed precision can give (bf16 matmuls in hardware).
@@ -297,27 +302,21 @@ _MODE_SIZES = {
 }
 
 
-# The course's model and data set (a course file will hold them): read here and nowhere else, passed on to
-# every sandbox of a grading run (`COURSE_ENV`). PERFLAB_MODEL is a torchvision model name (`TrainConfig.model`'s
-# default); PERFLAB_DATA is a built size's name or the path of an ImageFolder, and replaces the data set of
-# every mode and lab (their image side and batch stay the mode's).
-MODEL_ENV = "PERFLAB_MODEL"
-DATA_ENV = "PERFLAB_DATA"
+# The course's model and data set: its course file's (`perflab.course`), $PERFLAB_MODEL and $PERFLAB_DATA
+# overriding it; read here and nowhere else, passed on to every sandbox of a grading run (`COURSE_ENV`). A
+# data set replaces that of every mode and lab (their image side and batch stay the mode's).
 COURSE_ENV = (MODEL_ENV, DATA_ENV)
-DEFAULT_MODEL = "resnet18"
 
 
 def course_model() -> str:
-    """The course's model: $PERFLAB_MODEL, else DEFAULT_MODEL."""
-    return os.environ.get(MODEL_ENV, "").strip() or DEFAULT_MODEL
+    """The course's model: $PERFLAB_MODEL, else the course file's, else DEFAULT_MODEL."""
+    return course.model()
 
 
 def course_data() -> str | None:
-    """The course's data set ($PERFLAB_DATA: a size, or a folder, made absolute so that every process of a
-    grading job reads the same one), or None where the modes choose it."""
-    value = os.environ.get(DATA_ENV, "").strip()
-    folder = os.path.expanduser(value)
-    return os.path.abspath(folder) if value and os.path.isdir(folder) else value or None
+    """The course's data set (a size, or a folder made absolute so that every process of a grading job reads
+    the same one), or None where the modes choose it."""
+    return course.data()
 
 
 def run_mode() -> str:

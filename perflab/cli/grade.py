@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         v.set_defaults(func=run)
         return v
 
-    v = verb("setup", "make the course folder from solutions/ and generate the student copies")
+    v = verb("setup", "make the course folder from solutions/ and generate the student copies; writes its course "
+                       "file (labs, model, data set) where it has none")
     v.add_argument("--solutions", type=Path, default=None, help="source notebooks (default: solutions/)")
     v.add_argument("--lab", action="append", help="only this lab (repeatable)")
 
@@ -100,8 +101,14 @@ def run(args: argparse.Namespace) -> int:
 
     course = args.course or pipeline.COURSE_DIR
     if args.verb == "setup":
+        from perflab import course as course_file
+
         labs = pipeline.setup(course, args.solutions or pipeline.SOLUTIONS_DIR, args.lab)
         print(f"set up {len(labs)} lab(s) in {course}: {', '.join(labs)}")
+        kept = course_file.read(Path(course) / course_file.FILE_NAME)
+        data = kept.data or "each mode's own"
+        print(f"course file {Path(course) / course_file.FILE_NAME}: model {kept.model}, data {data} "
+              "(edit it to change them)")
     elif args.verb == "release":
         bundle = pipeline.release(course, args.bundle, args.lab, args.to)
         print(f"student bundle: {bundle}")

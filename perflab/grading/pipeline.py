@@ -37,6 +37,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from perflab import course as course_file
 from perflab.grading import compile_cache, copies, judging, self_calibration
 from perflab.grading import nbgrader_api as nbapi
 from perflab.grading.collect import lab_names, plan, submissions
@@ -68,6 +69,7 @@ from perflab.grading.run import (
     REPO,
     Unisolated,
     check_isolation,
+    course_env,
     grader_only_paths,
     sandboxed_child,
     sandboxed_program,
@@ -83,6 +85,7 @@ from perflab.grading.workfolders import (
 )
 from perflab.labs import registry
 from perflab.verify.expectations import reading
+from perflab.workload import check_model
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
 __all__ = [
@@ -159,11 +162,18 @@ def default_jobs(cores: int | None = None, gpus: int = 0) -> int:
 
 
 def setup(course: Path = COURSE_DIR, solutions: Path = SOLUTIONS_DIR, labs: Sequence[str] | None = None) -> list[str]:
-    """Make the course folder from solutions/: copy each lab's source and generate its release."""
+    """Make the course folder from solutions/: copy each lab's source and generate its release. The course
+    file (`perflab.course`) is kept where there is one, its labs set up unless `labs` names others; else it
+    is written with the labs set up, and the model and data set in force here."""
+    given = course_file.of_folder(course)
     course = nbapi.make_course(course)
-    labs = list(labs) if labs else lab_names(solutions)
+    labs = list(labs) if labs else list(given.labs) or lab_names(solutions)
     if not labs:
         raise FileNotFoundError(f"{solutions}: no lab folders with notebooks (expected {solutions}/labNN_name/*.ipynb)")
+    missing = [lab for lab in labs if not (Path(solutions) / lab).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{solutions}: no folder for {', '.join(missing)} (named by the course file "
+                                f"{course / course_file.FILE_NAME} or --lab)")
     for lab in labs:
         folder = Path(solutions) / lab
         notebooks = sorted(folder.glob("*.ipynb"))
@@ -174,6 +184,8 @@ def setup(course: Path = COURSE_DIR, solutions: Path = SOLUTIONS_DIR, labs: Sequ
             shutil.copy2(extra, course / "source" / lab / extra.name)
         nbapi.generate_assignment(course, lab)
         log.info("set up %s in %s", lab, course)
+    if not (course / course_file.FILE_NAME).is_file():
+        course_file.write(course, dataclasses.replace(given, labs=tuple(labs)))
     return labs
 
 
@@ -194,13 +206,18 @@ def release(course: Path = COURSE_DIR, bundle: Path | None = None, labs: Sequenc
         for marker in SECRET_MARKERS:
             if marker in text:
                 raise ValueError(f"{path}: contains {marker!r}; regenerate it with `perflab grade setup`")
+    course_path = course / course_file.FILE_NAME  # the students' notebooks read the course's model and data
     with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as zf:
         for lab, path in files:
             zf.write(path, f"perflab-labs/{lab}/{path.relative_to(released / lab)}")
+        if course_path.is_file():
+            zf.write(course_path, f"perflab-labs/{course_file.FILE_NAME}")
     if to is not None:
         for lab in labs:
             dest = Path(to) / lab
             shutil.copytree(released / lab, dest, dirs_exist_ok=True)
+        if course_path.is_file():
+            shutil.copy2(course_path, Path(to) / course_file.FILE_NAME)
     return bundle
 
 
@@ -223,8 +240,16 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
             *settings.hide]
     from perflab import env as _env
 
-    # the grader's own judges grade for the run's device too
-    with lock(course), _env.assigned(settings.device), contextlib.ExitStack() as own_labs:
+    # The course's model and data set in force for the grader and every process it starts; the grader's own
+    # judges grade for the run's device too.
+    this_course = course_file.of_folder(course)
+    try:  # one line here, not a failure in every notebook
+        check_model(this_course.model)
+    except ValueError as exc:
+        raise ValueError(f"{course / course_file.FILE_NAME}: {exc}") from None
+    with (course_file.in_force(this_course), lock(course), _env.assigned(settings.device),
+          contextlib.ExitStack() as own_labs):
+        settings = dataclasses.replace(settings, env={**course_env(), **settings.env})
         hardware = _env.machine_info().hardware_class
         removed = remove_abandoned()
         for path in removed:
