@@ -4,8 +4,8 @@ the export, the class report and formgrader; the student's page says only that i
 honest runs are not flagged; a later run compares its submissions with those graded before.
 
 The fixture lab (a few seconds a submission) carries the real home records of two honest runs of lab 3
-(tests/fixtures/copies/) in its outputs, as a notebook of labs 2, 3, 5 and 6 does; the last test grades a
-copy of each real lab's executed reference.
+(tests/fixtures/copies/) in its outputs, as a notebook of labs 2, 3, 5 and 6 does; the last tests find a copy
+of each real lab's executed reference by its records, and grade lab 6's through the pipeline.
 """
 
 from __future__ import annotations
@@ -185,9 +185,24 @@ def test_a_resubmission_that_is_no_longer_a_copy_clears_its_pair(course) -> None
 
 
 @pytest.mark.parametrize("lab", homework.LABS)
-def test_a_copy_of_a_classmates_executed_lab_notebook_is_flagged_when_graded(lab: str, tmp_path: Path) -> None:
-    """The lab's reference run at home and graded (`labs_helpers.graded_solution`), then the executed notebook
+def test_each_labs_home_records_mark_a_recommented_copy_of_its_executed_reference(lab: str) -> None:
+    """What differs from lab to lab is the records a home run saves: the lab's reference, run at home as a
+    student hands it in, and a classmate's recommented copy of it share what two runs cannot. (The pipeline
+    that acts on a found pair is the same for every lab: the fixture lab above, and lab 6 below.)"""
+    handed = nbformat.read(H.solution_at_home(lab), as_version=4)
+    copied = cosmetic(handed)
+    prints = [copies.fingerprint(homework.from_notebook(nb), nb, student=student, lab=lab, sha256=student)
+              for student, nb in (("ann", handed), ("ben", copied))]
+    assert prints[0].series, f"{lab}: the executed reference carries no timing samples"
+    found = copies.copies(prints)
+    assert [p.students for p in found] == [("ann", "ben")], lab
+    assert "identical raw timing sample" in found[0].why()
+
+
+def test_a_copy_of_a_classmates_executed_lab6_notebook_is_flagged_when_graded(tmp_path: Path) -> None:
+    """Lab 6's reference run at home and graded (`labs_helpers.graded_solution`), then the executed notebook
     handed in again by a classmate, recommented and with its written answers reworded."""
+    lab = "lab06_together"
     H.graded_solution(lab)
     course = H.course_for(lab)
     handed = course / "submitted" / H.SOLUTION_STUDENT / lab / f"{lab}.ipynb"
