@@ -68,7 +68,7 @@ def read(path: Path) -> Course:
         raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; a course file holds {', '.join(_KEYS)}")
     labs = doc.get("labs", [])
     if not isinstance(labs, list) or not all(isinstance(lab, str) and _LAB.match(lab) for lab in labs):
-        raise ValueError(f"{path}: labs must be a list of lab names like \"lab01_measure\", got {labs!r}")
+        raise ValueError(f"{path}: labs must be a list of lab names (labNN_name), got {labs!r}")
     if len(set(labs)) != len(labs):
         raise ValueError(f"{path}: labs names a lab twice: {labs!r}")
     model = doc.get("model", DEFAULT_MODEL)

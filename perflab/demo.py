@@ -295,6 +295,7 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
         wall: float = 1500.0, gpus: int | None = None, say: Callable[[str], None] = log.info) -> Demo:
     """Make the demo class and grade it; returns where everything is (see the module docstring). `gpus`:
     as `perflab grade grade --gpus` (default: every GPU here, one per job; 0 grades on the CPU)."""
+    from perflab import course as course_file
     from perflab import dataset
     from perflab import report as report_mod
     from perflab.env import MODES, mode_sizes
@@ -334,88 +335,90 @@ def run(labs: Sequence[str] | None = None, *, out: Path = DEMO_DIR, mode: str = 
             dataset.build(size)
     stage(f"course folder {course} from {solutions} ({len(labs)} lab(s))")
     pipeline.setup(course, solutions, labs)
-    stage("demo class: " + ", ".join(students))
-    at_home = [lab for lab in labs if lab in homework.LABS]
+    # The course file setup wrote (or kept) is in force for the home runs and the calibration as for the grading.
+    with course_file.in_force(course_file.of_folder(course)):
+        stage("demo class: " + ", ".join(students))
+        at_home = [lab for lab in labs if lab in homework.LABS]
 
-    def home(reference: Any, lab: str) -> Any:
-        if lab not in at_home:
-            return reference
-        begun = time.monotonic()
-        executed = home_run(reference, out / "home" / lab, mode, timeout=cell_timeout, name=f"{lab}.ipynb")
-        say(f"    {lab}: the reference ran at home in {time.monotonic() - begun:.0f} s; every student of the lab "
-            f"hands in what it measured there ({len(homework.from_notebook(executed))} measurement(s))")
-        return executed
+        def home(reference: Any, lab: str) -> Any:
+            if lab not in at_home:
+                return reference
+            begun = time.monotonic()
+            executed = home_run(reference, out / "home" / lab, mode, timeout=cell_timeout, name=f"{lab}.ipynb")
+            say(f"    {lab}: the reference ran at home in {time.monotonic() - begun:.0f} s; every student of the lab "
+                f"hands in what it measured there ({len(homework.from_notebook(executed))} measurement(s))")
+            return executed
 
-    if at_home:
-        say(f"    {', '.join(at_home)}: each decides from its own measurements, so its reference runs once at home "
-            "first, as a student's does, and the grader replays what it measured (perflab.labs.homework)")
-    made = write_class(labs, course / "release", solutions, out / "class", students, home=home)
-    stage(f"collect {sum(len(v) for v in made.values())} submission(s) from {out / 'class'}")
-    collected = collect.collect(course, out / "class")
-    for line in collected.lines():
-        log.debug("collect: %s", line)
+        if at_home:
+            say(f"    {', '.join(at_home)}: each decides from its own measurements, so its reference runs once at home "
+                "first, as a student's does, and the grader replays what it measured (perflab.labs.homework)")
+        made = write_class(labs, course / "release", solutions, out / "class", students, home=home)
+        stage(f"collect {sum(len(v) for v in made.values())} submission(s) from {out / 'class'}")
+        collected = collect.collect(course, out / "class")
+        for line in collected.lines():
+            log.debug("collect: %s", line)
 
-    total = sum(len(v) for v in made.values())
-    done = [0]
+        total = sum(len(v) for v in made.values())
+        done = [0]
 
-    def graded(record: Any) -> None:
-        done[0] += 1
-        flag = "  FLAGGED" if record.flagged else ""
-        say(f"    {done[0]:2d}/{total} {record.lab}/{record.student}: {record.score:g}/{record.max_score:g} "
-            f"{record.outcome} ({record.wall_s:.0f} s){flag}")
+        def graded(record: Any) -> None:
+            done[0] += 1
+            flag = "  FLAGGED" if record.flagged else ""
+            say(f"    {done[0]:2d}/{total} {record.lab}/{record.student}: {record.score:g}/{record.max_score:g} "
+                f"{record.outcome} ({record.wall_s:.0f} s){flag}")
 
-    stage(f"grade {total} submission(s) in {mode} mode, local back-end, with verification")
-    # The demo class is the kit's own notebooks, so it may grade where the sandbox has no namespaces
-    # (a student's never is, unless the instructor says --unisolated); it says so, and the grades record it.
-    unisolated = sandbox.isolation().kind == "none"
-    if unisolated:
-        say("    no Linux namespaces here: the demo class (the kit's own notebooks) is graded unisolated")
-    settings = pipeline.Settings(limits=sandbox.Limits(wall_s=wall), cell_timeout=cell_timeout,
-                                 env={"PERFLAB_MODE": mode}, unisolated=unisolated, gpus=device.gpus,
-                                 device=device.kind)
-    # A machine with no bar for what the labs grade measures it first (kept with the course): without
-    # one, the lazy student would pass every gain cell. One line says why and about how long, one what it cost.
-    calibration = self_calibration.before_grading(course, labs, settings, say=lambda text: say(f"    {text}"))
-    graded_run = pipeline.grade(course, settings, solutions=solutions, progress=graded)
-    for fault in graded_run.machine_faults:
-        say(f"    NOT GRADED (the grading machine's fault) {fault}")
-    if graded_run.copies:
-        say(f"    {len(graded_run.copies)} copy pair(s) flagged, as expected: {COPIES_NOTE}")
-    stage("feedback pages")
-    pages = pipeline.feedback(course).pages
-    stage("export grades.csv and grades.json")
-    csv_path, json_path = export.export(course)
-    stage("optimization reports: one per student, and the class report")
-    reports_dir = out / "reports"
-    warnings: list[str] = []
-    reports: dict[str, Path] = {}
-    for student in students:
-        files = [course / "autograded" / student / lab / "results" / f"{lab}.json" for lab in labs]
-        files = [f for f in files if f.is_file()]
-        if not files:
-            warnings.append(f"{student}: no results files (the notebook never reached its save cell)")
-            continue
-        try:
-            rendered = report_mod.write_report(files, reports_dir / f"{student}.html",
-                                               title=f"Optimization report: {student}")
-        except Exception as exc:  # a student's own results file may be malformed: say so, go on
-            warnings.append(f"{student}: no report ({type(exc).__name__}: {exc})")
-            continue
-        warnings += [f"{student}: {w}" for w in rendered.warnings]
-        reports[student] = reports_dir / f"{student}.html"
-    class_report = reports_dir / "class.html"
-    report_mod.write_class_report(json_path, class_report, title="Demo class")
+        stage(f"grade {total} submission(s) in {mode} mode, local back-end, with verification")
+        # The demo class is the kit's own notebooks, so it may grade where the sandbox has no namespaces
+        # (a student's never is, unless the instructor says --unisolated); it says so, and the grades record it.
+        unisolated = sandbox.isolation().kind == "none"
+        if unisolated:
+            say("    no Linux namespaces here: the demo class (the kit's own notebooks) is graded unisolated")
+        settings = pipeline.Settings(limits=sandbox.Limits(wall_s=wall), cell_timeout=cell_timeout,
+                                     env={"PERFLAB_MODE": mode}, unisolated=unisolated, gpus=device.gpus,
+                                     device=device.kind)
+        # A machine with no bar for what the labs grade measures it first (kept with the course): without
+        # one, the lazy student would pass every gain cell. One line says why and about how long, one what it cost.
+        calibration = self_calibration.before_grading(course, labs, settings, say=lambda text: say(f"    {text}"))
+        graded_run = pipeline.grade(course, settings, solutions=solutions, progress=graded)
+        for fault in graded_run.machine_faults:
+            say(f"    NOT GRADED (the grading machine's fault) {fault}")
+        if graded_run.copies:
+            say(f"    {len(graded_run.copies)} copy pair(s) flagged, as expected: {COPIES_NOTE}")
+        stage("feedback pages")
+        pages = pipeline.feedback(course).pages
+        stage("export grades.csv and grades.json")
+        csv_path, json_path = export.export(course)
+        stage("optimization reports: one per student, and the class report")
+        reports_dir = out / "reports"
+        warnings: list[str] = []
+        reports: dict[str, Path] = {}
+        for student in students:
+            files = [course / "autograded" / student / lab / "results" / f"{lab}.json" for lab in labs]
+            files = [f for f in files if f.is_file()]
+            if not files:
+                warnings.append(f"{student}: no results files (the notebook never reached its save cell)")
+                continue
+            try:
+                rendered = report_mod.write_report(files, reports_dir / f"{student}.html",
+                                                   title=f"Optimization report: {student}")
+            except Exception as exc:  # a student's own results file may be malformed: say so, go on
+                warnings.append(f"{student}: no report ({type(exc).__name__}: {exc})")
+                continue
+            warnings += [f"{student}: {w}" for w in rendered.warnings]
+            reports[student] = reports_dir / f"{student}.html"
+        class_report = reports_dir / "class.html"
+        report_mod.write_class_report(json_path, class_report, title="Demo class")
 
-    state = State.load(course)
-    scores: dict[str, dict[str, tuple[float, float]]] = {}
-    notes: dict[str, dict[str, tuple[str, ...]]] = {}
-    for record in state.records.values():
-        scores.setdefault(record.student, {})[record.lab] = (record.score, record.max_score)
-        notes.setdefault(record.student, {})[record.lab] = tuple(record.notes)
-    return Demo(out, course, tuple(labs), students, csv_path, json_path, tuple(pages), reports, class_report,
-                scores, notes, time.monotonic() - started, tuple(warnings),
-                {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs},
-                calibration.seconds, calibration.line(), graded_run.copies)
+        state = State.load(course)
+        scores: dict[str, dict[str, tuple[float, float]]] = {}
+        notes: dict[str, dict[str, tuple[str, ...]]] = {}
+        for record in state.records.values():
+            scores.setdefault(record.student, {})[record.lab] = (record.score, record.max_score)
+            notes.setdefault(record.student, {})[record.lab] = tuple(record.notes)
+        return Demo(out, course, tuple(labs), students, csv_path, json_path, tuple(pages), reports, class_report,
+                    scores, notes, time.monotonic() - started, tuple(warnings),
+                    {lab: autograded_points(course / "source" / lab / f"{lab}.ipynb") for lab in labs},
+                    calibration.seconds, calibration.line(), graded_run.copies)
 
 
 def autograded_points(source: Path) -> float:

@@ -277,27 +277,3 @@ def test_the_mystery_pipeline_trains_the_courses_model_on_its_folder(folder: Pat
     assert f'DATA = "{folder}"' in drawn.source and 'MODEL = "resnet34"' in drawn.source
     trainer = drawn.module().Trainer(0)
     assert len(trainer.dataset) == 12 and len(trainer.model.layer3) == 6
-
-
-# --- a course on another model and a folder, top to bottom --------------------------------------------
-
-
-@pytest.mark.slow
-def test_lab3_runs_top_to_bottom_on_resnet34_and_a_folder_the_kit_did_not_make(
-        folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perflab.labs import build
-
-    monkeypatch.setenv(env.DATA_ENV, str(folder))
-    monkeypatch.setenv(env.MODEL_ENV, "resnet34")
-    executed, _ = build.run_notebook(build.source_notebook("lab03_amp"), mode="tiny", workdir=tmp_path / "lab03")
-    printed = "".join(out.get("text", "") for cell in executed.cells for out in cell.get("outputs", []))
-    assert f"data {folder}, images 32 px" in printed  # the hardware statement names the course's data
-    saved = json.loads((tmp_path / "lab03" / "results" / "lab03_amp.json").read_text())
-    configs = [v for v in _walk(saved) if isinstance(v, dict) and "amp_dtype" in v and "model" in v]
-    assert configs and all(c["model"] == "resnet34" and c["data"] == str(folder) for c in configs), configs
-
-def _walk(value: object):
-    yield value
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for child in children:
-        yield from _walk(child)
