@@ -96,11 +96,14 @@ def write(folder: Path, course: Course) -> Path:
 
 def find(start: Path | None = None) -> Path | None:
     """The course file of `start` (default: the working folder) or of the nearest folder above it."""
-    here = Path(start or os.getcwd()).resolve()
-    for folder in (here, *here.parents):
-        path = folder / FILE_NAME
-        if path.is_file():
-            return path
+    try:
+        here = Path(start or os.getcwd()).resolve()
+        for folder in (here, *here.parents):
+            path = folder / FILE_NAME
+            if path.is_file():
+                return path
+    except OSError:  # a working folder removed under the process, or one it may not read
+        pass
     return None
 
 
@@ -114,7 +117,10 @@ def current() -> Course:
     path = find()
     if path is None:
         return Course()
-    info = path.stat()
+    try:
+        info = path.stat()
+    except OSError:
+        return Course()
     return _cached(path, (info.st_mtime_ns, info.st_size))
 
 

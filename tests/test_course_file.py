@@ -159,3 +159,11 @@ def test_grading_a_course_whose_file_names_no_torchvision_model_stops_in_one_lin
             pipeline.grade(fixture_course, pipeline.Settings(unisolated=True, self_calibrate=False))
     finally:
         course.write(fixture_course, course.Course((FIXTURE_LAB,)))
+
+
+def test_a_process_whose_working_folder_was_removed_reads_the_kits_defaults(tmp_path, monkeypatch) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert (course.model(), course.data()) == (env.DEFAULT_MODEL, None)
