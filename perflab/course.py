@@ -28,6 +28,7 @@ FILE_NAME = "perflab-course.toml"
 DEFAULT_MODEL = "resnet18"
 MODEL_ENV = "PERFLAB_MODEL"
 DATA_ENV = "PERFLAB_DATA"
+FILE_ENV = "PERFLAB_COURSE_FILE"  # the course file a parent process read, for the processes it starts
 _LAB = re.compile(r"^lab\d\d_\w+$")
 _KEYS = ("labs", "model", "data")
 
@@ -113,13 +114,20 @@ def _cached(path: Path, stamp: tuple[int, int]) -> Course:
 
 
 def current() -> Course:
-    """The course in force here: the nearest course file's, else the kit's defaults."""
+    """The course in force here: the nearest course file's, else the one a parent process read (a child the
+    kit starts in a folder of its own, e.g. a verifier's fresh process, trains the kernel's course), else the
+    kit's defaults. The file found is passed on to the processes this one starts ($PERFLAB_COURSE_FILE)."""
     path = find()
+    if path is not None:
+        os.environ[FILE_ENV] = str(path)
+    else:
+        inherited = os.environ.get(FILE_ENV, "").strip()
+        path = Path(inherited) if inherited else None
     if path is None:
         return Course()
     try:
         info = path.stat()
-    except OSError:
+    except OSError:  # a parent's file this process cannot see (a sandbox): the kit's defaults
         return Course()
     return _cached(path, (info.st_mtime_ns, info.st_size))
 

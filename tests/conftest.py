@@ -47,3 +47,12 @@ def _the_machine_measured_once_per_session():
     patch.setattr(protocol, "once_per_run", once_per_session)
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _each_test_reads_the_course_file_of_its_own_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The course file a process reads is passed on to the processes it starts ($PERFLAB_COURSE_FILE); a test
+    that moves into a course's folder must not pass that course on to the tests after it."""
+    from perflab import course
+
+    monkeypatch.delenv(course.FILE_ENV, raising=False)

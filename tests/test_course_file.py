@@ -72,9 +72,10 @@ def test_a_notebook_below_a_course_file_trains_its_model_and_a_variable_override
     monkeypatch.setenv(course.DATA_ENV, "tiny")
     assert (env.course_model(), env.course_data(), TrainConfig().model) == ("mobilenet_v3_small", "tiny",
                                                                            "mobilenet_v3_small")
-    monkeypatch.chdir(tmp_path.parent)  # no course file above: the kit's defaults
+    monkeypatch.chdir(tmp_path.parent)  # no course file above, none read before: the kit's defaults
     monkeypatch.delenv(course.MODEL_ENV)
     monkeypatch.delenv(course.DATA_ENV)
+    monkeypatch.delenv(course.FILE_ENV)
     assert (env.course_model(), env.course_data()) == (env.DEFAULT_MODEL, None)
 
 
@@ -167,3 +168,20 @@ def test_a_process_whose_working_folder_was_removed_reads_the_kits_defaults(tmp_
     monkeypatch.chdir(gone)
     gone.rmdir()
     assert (course.model(), course.data()) == (env.DEFAULT_MODEL, None)
+
+
+def test_a_process_the_kit_starts_elsewhere_trains_the_course_its_parent_read(tmp_path, monkeypatch) -> None:
+    """A verifier's fresh process runs in a folder of its own: it reads the course file its parent found."""
+    import subprocess
+    import sys
+
+    course.write(tmp_path, course.Course((), "resnet34", None))
+    monkeypatch.chdir(tmp_path)
+    assert course.model() == "resnet34"
+    elsewhere = tmp_path.parent
+    child = subprocess.run([sys.executable, "-c", "from perflab import course; print(course.model())"],
+                           cwd=elsewhere, capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "resnet34"
+    monkeypatch.delenv(course.FILE_ENV)
+    assert subprocess.run([sys.executable, "-c", "from perflab import course; print(course.model())"],
+                          cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip() == "resnet18"
