@@ -179,7 +179,7 @@ fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
 ax.plot(np.array(cold["samples"]) * 1e3, "o-", markersize=4)
 ax.axhline(cold["median"] * 1e3, color="0.5", linestyle="--", label=f"median {cold['median'] * 1e3:.1f} ms")
 ax.axhline(cold["p95"] * 1e3, color="tab:red", linestyle=":", label=f"p95 {cold['p95'] * 1e3:.1f} ms")
-ax.set(xlabel="call", ylabel="ms", title=f"ResNet-18 forward, batch {CONFIG.batch_size}, no warm-up")
+ax.set(xlabel="call", ylabel="ms", title=f"{CONFIG.model} forward, batch {CONFIG.batch_size}, no warm-up")
 ax.legend()
 plt.show()
 print(f"spread (IQR / median): {cold['spread']:.1%}")
@@ -191,7 +191,7 @@ print(f"spread (IQR / median): {cold['spread']:.1%}")
 
 # %%
 reference = timing.benchmark(forward, warmup=3, repeats=5 if SMALL_RUN else 20, device=DEVICE,
-                             label="resnet18 forward")
+                             label=f"{CONFIG.model} forward")
 print(reference)
 RESULTS["baseline"] = {"step_time": reference.as_stat()}
 
@@ -299,7 +299,7 @@ assert conv2d_params(stem) == 64 * 3 * 7 * 7
 fc = nn.Linear(512, 1000)
 assert linear_flops(fc, (8, 512)) == 2 * 8 * 512 * 1000
 assert linear_params(fc) == 512 * 1000 + 1000
-resnet = workload.build_model(workload.TrainConfig(device="cpu"), num_classes=1000)
+resnet = workload.build_model(workload.TrainConfig(device="cpu", model="resnet18"), num_classes=1000)
 assert model_forward_flops(resnet, (1, 3, 224, 224)) == 3_628_146_688  # 1.81 G multiply-adds
 print("visible tests passed")
 
@@ -319,14 +319,15 @@ hidden01.check("counting_hidden_model", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Where do the FLOPs and the parameters of ResNet-18 live? Count them per stage at this lab's image
-# size, and count the backward pass too (with `perflab.counting.count_flops`, which runs
-# `FlopCounterMode` over forward and backward).
+# Where do the FLOPs and the parameters of the course's model (ResNet-18 unless your course names another)
+# live? Count them per stage (the model's top-level parts that hold parameters) at this lab's image size,
+# and count the backward pass too (with `perflab.counting.count_flops`, which runs `FlopCounterMode` over
+# forward and backward).
 
 # %%
 shape = (CONFIG.batch_size, 3, CONFIG.image_size, CONFIG.image_size)
 net = workload.build_model(CONFIG, num_classes=10)
-stages = ["conv1", "layer1", "layer2", "layer3", "layer4", "fc"]
+stages = [name for name, part in net.named_children() if any(True for _ in part.parameters())]
 flops_by_stage = dict.fromkeys(stages, 0)
 for call in lab01.layer_calls(net, shape):
     stage = call.name.split(".")[0]
@@ -346,7 +347,7 @@ ax.bar(x - 0.2, [flops_by_stage[s] / counted.forward for s in stages], 0.4, labe
 ax.bar(x + 0.2, [params_by_stage[s] / sum(params_by_stage.values()) for s in stages], 0.4,
        label="share of parameters (conv + BN + fc)")
 ax.set_xticks(x, stages)
-ax.set(ylabel="share", title="ResNet-18: compute is spread over the stages, parameters pile up at the end")
+ax.set(ylabel="share", title=f"{CONFIG.model}: FLOPs and parameters by stage")
 ax.legend()
 plt.show()
 RESULTS["counts"] = {"parameters": counting.count_parameters(net), "flops_forward": counted.forward,

@@ -344,7 +344,7 @@ CURVE_SUMMARY = lab03_figures.curve_summary(CURVES)
 for name, row in CURVE_SUMMARY.items():
     print(f"{name:>5}: first loss {row['first']:.4f}, last {row['last']:.4f}, largest gap to fp32 "
           f"{row['max_abs_gap']:.4f} ({row['max_rel_gap']:.1%}), all finite: {row['finite']}")
-lab03_figures.plot_loss_curves(CURVES, title=f"ResNet-18 on {S.data} data, {S.curve_steps} steps, {DEVICE.type}")
+lab03_figures.plot_loss_curves(CURVES, title=f"{BASELINE.model} on {S.data} data, {S.curve_steps} steps, {DEVICE.type}")
 plt.show()
 
 # %% [markdown]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab import mystery
+from perflab.env import course_model
 from perflab.grading.judging import Context, Mark, Suspicious
 from perflab.grading.probing import decode_float
 from perflab.labs import lab01_mystery
@@ -389,10 +390,19 @@ def trace_mistakes(answers: Any, facts: TraceFacts) -> list[str]:
     return wrong
 
 
-# What torch.profiler records in every step of a mystery pipeline (ResNet-18): 20 convolutions in the
-# "forward" label, 20 ConvolutionBackward0 nodes in "backward", and 62 parameter tensors.
-RESNET18_CONVS = 20
-RESNET18_PARAMS = 62
+@functools.cache
+def model_counts(model: str) -> tuple[int, int]:
+    """(convolutions, parameter tensors) of torchvision's `model`: what torch.profiler records in every step
+    of a mystery pipeline on it, one convolution op a Conv2d in the "forward" label and one
+    ConvolutionBackward0 node in "backward" (ResNet-18: 20 and 62 parameter tensors)."""
+    import torch.nn as nn
+
+    from perflab.workload import network
+
+    net = network(model, num_classes=2)
+    return sum(isinstance(m, nn.Conv2d) for m in net.modules()), sum(1 for _ in net.parameters())
+
+
 # Fewer cpu ops than a ResNet-18 step's forward alone records: not a trace of a training step.
 MIN_STEP_OPS = 200
 
@@ -401,10 +411,10 @@ MIN_STEP_OPS = 200
 _MOST_ROWS = max(int(rows) for rows in AMOUNTS["row_block"])
 
 
-def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]:
+def _signatures(image_size: int, batch: int, convs: int, params: int) -> dict[str, tuple[str, Any, bool]]:
     """Per planted bug that leaves its own ops in a step's trace: (what shows, a test of a step's summary
     that holds when the bug is there and fails when it is not, whether the test holds at the bug's light
-    dose too), measured on traces of each bug alone at each dose."""
+    dose too), measured on traces of each bug alone at each dose; `convs` and `params`: `model_counts`."""
     return {
         "grad_histograms": ("aten::histc over the gradients", lambda s: s["counted"]["aten::histc"] >= 1, True),
         # A tensor op per part of a row, or per few rows at a light dose: at least 3 * ceil(IMAGE_SIZE / the
@@ -413,9 +423,9 @@ def _signatures(image_size: int, batch: int) -> dict[str, tuple[str, Any, bool]]
         "row_loop": ("an aten::sub per few image rows",
                      lambda s: s["counted"]["aten::sub"] >= 3 * -(-image_size // _MOST_ROWS) * batch, True),
         "eval_accuracy": ("a second forward's convolutions",
-                          lambda s: s["counted"]["aten::convolution"] >= 2 * RESNET18_CONVS, True),
+                          lambda s: s["counted"]["aten::convolution"] >= 2 * convs, True),
         # A light dose copies two tensors, fewer than the clones any step records: no test there.
-        "snapshot": ("a clone of every weight", lambda s: s["counted"]["aten::clone"] >= RESNET18_PARAMS, False),
+        "snapshot": ("a clone of every weight", lambda s: s["counted"]["aten::clone"] >= params, False),
         "python_collate": ("no aten::stack of the default collate", lambda s: s["counted"]["aten::stack"] == 0, True),
     }
 
@@ -441,7 +451,9 @@ def trace_not_genuine(summary: Any, planted: Truth, mode: str | None) -> str | N
     if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         return "it holds no profiled step (ProfilerStep#)"
     image_size, batch = mystery.sizes_for(mode)[1:]
-    signatures = _signatures(image_size, batch)
+    model = course_model()
+    convs, params = model_counts(model)
+    signatures = _signatures(image_size, batch, convs, params)
     planted_keys = {p.key for p in planted.planted}
     untested = {p.key for p in planted.planted if p.dose == "light" and not signatures.get(p.key, ("", None, True))[2]}
     for step in steps:
@@ -451,9 +463,9 @@ def trace_not_genuine(summary: Any, planted: Truth, mode: str | None) -> str | N
                 return f"{name} does not hold the pipeline's data/forward/backward/optimizer labels once each"
             if step["runs_in_data"] != 1:
                 return f"{name} does not hold the pipeline's run label inside its data label"
-            if step["forward_convs"] != RESNET18_CONVS or step["backward_conv_nodes"] != RESNET18_CONVS:
-                return (f"{name} does not hold ResNet-18's {RESNET18_CONVS} convolutions in its forward label and "
-                        f"{RESNET18_CONVS} ConvolutionBackward0 nodes in its backward label")
+            if step["forward_convs"] != convs or step["backward_conv_nodes"] != convs:
+                return (f"{name} does not hold {model}'s {convs} convolutions in its forward label and "
+                        f"{convs} ConvolutionBackward0 nodes in its backward label")
             if step["ops"] < MIN_STEP_OPS:
                 return f"{name} holds {step['ops']} ops, fewer than one training step of the pipeline records"
             for key, (shows, test, _) in signatures.items():
