@@ -215,6 +215,9 @@ def build_dataset(config: TrainConfig) -> IndexedDataset:
 def build_loader(config: TrainConfig, data: IndexedDataset | None = None) -> torch.utils.data.DataLoader:
     """The DataLoader for `config`: seeded shuffling, every sample once per epoch, the loader knobs applied."""
     data = data if data is not None else build_dataset(config)
+    if len(data) < config.batch_size:  # drop_last would leave every epoch empty
+        raise ValueError(f"data: {config.data} holds {len(data)} training image(s), fewer than one batch of "
+                         f"{config.batch_size}: add images, or lower batch_size")
     generator = torch.Generator().manual_seed(config.seed)
     kwargs: dict[str, Any] = {}
     if config.num_workers > 0:

@@ -277,3 +277,10 @@ def test_the_mystery_pipeline_trains_the_courses_model_on_its_folder(folder: Pat
     assert f'DATA = "{folder}"' in drawn.source and 'MODEL = "resnet34"' in drawn.source
     trainer = drawn.module().Trainer(0)
     assert len(trainer.dataset) == 12 and len(trainer.model.layer3) == 6
+
+
+def test_a_folder_smaller_than_one_batch_is_one_line_saying_so(folder: Path) -> None:
+    config = TrainConfig(data=str(folder), batch_size=64, image_size=32)
+    with pytest.raises(ValueError, match=r"holds 12 training image\(s\), fewer than one batch of 64"):
+        workload.build_loader(config)
+
