@@ -137,6 +137,9 @@ def notebook_side(student: str, mode: str, repeats: int) -> list[dict[str, Any]]
                     finding["saves"] = round(value, 3)
             out.append(json.loads(json.dumps({"observations": run_probes(probe, namespace, 0),
                                               "state": dict(lab01_mystery.MEASURED_STATE),
+                                              "rounds": {f["line"]: [round(r, 3) for r in ratios] for f, ratios
+                                                         in zip(namespace["DIAGNOSIS"], lab01_mystery.MEASURED_ROUNDS,
+                                                                strict=False)},
                                               "seconds": time.perf_counter() - started})))
     return out
 
@@ -251,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {"id": student, "repeat": repeat + 1, **graded, "notebook_state": notebook["state"]}
             rows.append(row)
             print(_row_line(row), flush=True)
+            if row["marks"] < POINTS - 1e-6:  # what each finding's median was taken over
+                print(f"    notebook's rounds by finding line: {notebook.get('rounds')}", flush=True)
             if row["notebook_state"] != row["grader_state"]:
                 print(f"    states differ: notebook {row['notebook_state']}, grader {row['grader_state']}", flush=True)
             bar.update(1)

@@ -443,14 +443,17 @@ def savings(planted: str | os.PathLike[str], fixed: list[str | os.PathLike[str]]
     saved = [float(value) for value in got["savings"]]
     MEASURED_STATE.clear()
     MEASURED_STATE.update(got["state"])
+    MEASURED_ROUNDS[:] = got.get("rounds", [])
     _remember(planted, fixed, saved)
     return saved
 
 
 # How long one `savings` call may take in its measuring process (a few copies of a pipeline: a minute).
 SAVINGS_TIMEOUT_S = 1800.0
-# The state the last `savings` of this process measured in (`measuring_server.measuring_state`).
+# The state the last `savings` of this process measured in (`measuring_server.measuring_state`), and each
+# copy's saving round by round (what its median is taken over), for a reading to be checked.
 MEASURED_STATE: dict[str, Any] = {}
+MEASURED_ROUNDS: list[list[float]] = []
 
 
 def savings_here(planted: str, fixed: list[str], steps: int = 1, rounds: int = SAVING_ROUNDS,
@@ -483,9 +486,8 @@ def savings_here(planted: str, fixed: list[str], steps: int = 1, rounds: int = S
                     times[i].append(time.thread_time() - start)
     finally:
         torch.set_num_threads(threads)
-    saved = [statistics.median(1.0 - t / base for t, base in zip(copy, times[0], strict=True))
-             for copy in times[1:]]
-    return {"savings": saved, "state": state}
+    rounds = [[1.0 - t / base for t, base in zip(copy, times[0], strict=True)] for copy in times[1:]]
+    return {"savings": [statistics.median(ratios) for ratios in rounds], "state": state, "rounds": rounds}
 
 
 def changed_lines(planted: str, copy: str) -> list[int]:
