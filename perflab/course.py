@@ -5,7 +5,7 @@ beside the student notebooks, and the repo's root holds the kit's own. A process
 its working folder or the nearest folder above it; `$PERFLAB_MODEL` and `$PERFLAB_DATA` override what the
 file says, and the grader puts its course's file in force for every process of a grading run:
 
-    labs = ["lab01_measure", "lab02_feed"]   # the labs, in the order students take them
+    labs = ["labNN_name", ...]               # the labs' folders, in the order students take them
     model = "resnet18"                         # a torchvision classification model
     data = "imagenette"                        # a built size (tiny, small, photo, full) or an ImageFolder
                                                # (relative to this file's folder); left out: each mode's own

@@ -229,7 +229,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
           backend: str = "local", ray_address: str | None = None, force: bool = False,
           solutions: Path | None = None, progress: Callable[[Record], None] | None = None) -> Summary:
     """Grade every collected submission not graded yet (all of `labs`/`students` with `force`)."""
-    settings = with_grading_device(with_instructor_policy(settings or Settings()), backend)
+    settings = with_grading_device(settings or Settings(), backend)
     iso = check_isolation(settings)
     course = Path(course).resolve()
     if not (course / "gradebook.db").is_file():
@@ -249,7 +249,7 @@ def grade(course: Path = COURSE_DIR, settings: Settings | None = None, *, labs=N
         raise ValueError(f"{course / course_file.FILE_NAME}: {exc}") from None
     with (course_file.in_force(this_course), lock(course), _env.assigned(settings.device),
           contextlib.ExitStack() as own_labs):
-        settings = dataclasses.replace(settings, env={**course_env(), **settings.env})
+        settings = with_instructor_policy(settings)  # the course now in force included
         hardware = _env.machine_info().hardware_class
         removed = remove_abandoned()
         for path in removed:
@@ -444,7 +444,6 @@ def with_instructor_policy(settings: Settings) -> Settings:
     sandbox (which sees nothing of the parent's environment otherwise): PERFLAB_INCONCLUSIVE,
     checked here so that a typo fails the run once instead of every notebook, and the course's
     model and data set (`env.COURSE_ENV`)."""
-    from perflab.grading.run import course_env
     from perflab.labs.common import INCONCLUSIVE_ENV, inconclusive_policy
 
     return dataclasses.replace(settings, env={INCONCLUSIVE_ENV: inconclusive_policy(), **course_env(), **settings.env})
