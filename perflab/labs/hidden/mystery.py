@@ -46,7 +46,7 @@ LOCATION_WORTH = 0.5
 KIND_WORTH = 0.5
 # A finding's saving agrees with the grader's g when it lies in [g / SAVING_FACTOR - SAVING_SLACK,
 # g * SAVING_FACTOR + SAVING_SLACK_ABOVE]. The notebook re-runs on the grading machine and measures with the
-# grader's own function (`lab01_mystery.savings`: the median over 8 interleaved rounds of one step, one
+# grader's own function (`lab01_mystery.savings`: the median over SAVING_ROUNDS interleaved rounds of one step, one
 # torch thread, CPU time), so an honest saving is measured where and as the grader measures. Over 10 ids
 # (30 bugs) here, the student's helper against two grader runs differed by at most 0.065 and 2.2x
 # (a bug costing 0.04-0.08 of a step): all 30 agree within 2.0x plus 0.05, and a saving of 0 agrees
