@@ -86,13 +86,18 @@ MAX_MEASURED = 128
 
 def write_pipeline(student: str, path: str | os.PathLike[str] = PIPELINE_FILE) -> Path:
     """Write `student`'s mystery pipeline to `path` (beside the notebook) and return the path; the data
-    set it trains on is built first if it is not (once, offline)."""
+    set it trains on is built first if it is not (once, offline). ValueError in one line where that data
+    set holds less than one batch."""
     from perflab import dataset
 
-    data = mystery.sizes_for()[0]
+    data, _, batch_size = mystery.sizes_for()
     if not dataset.is_built(data):
         print(f"building the {data} data set the pipeline trains on (once)...")
         dataset.build(data, progress=False)
+    images = sum(1 for f in dataset.split_folder(data).rglob("*") if dataset.is_image_file(f.name))
+    if images < batch_size:  # its loader drops the incomplete batch: every epoch would be empty
+        raise ValueError(f"data: {data} holds {images} training image(s), fewer than one batch of {batch_size} "
+                         "of the mystery pipeline: add images")
     return mystery.for_student(student).write(path)
 
 
