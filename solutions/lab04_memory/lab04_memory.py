@@ -392,7 +392,7 @@ ax.axhline(PLAIN.static_bytes / 2**20, color="black", linestyle=":", linewidth=1
 ax.annotate("static floor: parameters + gradients + momentum", (0.02, PLAIN.static_bytes / 2**20),
             xycoords=("axes fraction", "data"), xytext=(0, 4), textcoords="offset points", fontsize=8)
 ax.set(xlabel="batch size", ylabel="training memory (MiB)",
-       title=f"ResNet-18 at {SIDE} px: memory against batch size (grey: linear fits)")
+       title=f"{BASELINE.model} at {SIDE} px: memory against batch size (grey: linear fits)")
 ax.legend(fontsize=8)
 plt.show()
 MEMORY_ROWS = [{"batch_size": int(b), "bytes": int(PLAIN.static_bytes + acts[b]), "activation_bytes": int(acts[b]),
