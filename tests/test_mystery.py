@@ -491,12 +491,13 @@ def test_a_constant_guess_orders_no_two_bugs_whose_costs_differ_clearly() -> Non
     assert _score(measured, planted, savings).fraction == 1.0
 
 
-def test_two_bugs_the_grader_cannot_tell_apart_may_be_read_in_either_order_but_apart_they_must_be_ordered() -> None:
+def test_two_bugs_read_near_each_other_keep_their_counts_in_either_order_but_not_tied_or_clearly_reversed() -> None:
     """Each pipeline plants one bug that costs time at a light dose. Where the grader's own readings are not
     clearly apart (here 0.05 and 0.12), a notebook that read the light one above the full one (its kernel
     shares the machine with other work) keeps both: the demo's reference under load read 0.2 beside 0.164
-    where the grader read 0.07 and 0.13. Where the grader's readings are clearly apart, the reversed order
-    and a tie lose both."""
+    where the grader read 0.07 and 0.13. Where they are clearly apart, a reading slightly the other way
+    round keeps both too (bench-id-44's honest notebook read 0.107 beside 0.097 where the grader read 0.005
+    and 0.106); a tie, or a reading clearly the other way round, loses both."""
     case = next(c for c in (truths.truth(f"s{i}") for i in range(200))
                 if sum(BY_KEY[p.key].costs_time for p in c.planted) == 2)
     light, full = sorted((p for p in case.planted if BY_KEY[p.key].costs_time), key=lambda p: p.dose != "light")
@@ -513,8 +514,12 @@ def test_two_bugs_the_grader_cannot_tell_apart_may_be_read_in_either_order_but_a
     apart = {light.key: 0.02, full.key: 0.30}
     assert judges._clearly_apart(0.02, 0.30)
     assert score({light.key: 0.03, full.key: 0.25}, apart).fraction == 1.0
-    assert set(score({light.key: 0.16, full.key: 0.15}, apart).disagreeing) == {light.key, full.key}  # reversed
+    assert score({light.key: 0.16, full.key: 0.15}, apart).fraction == 1.0  # slightly reversed: noise
     assert set(score({light.key: 0.15, full.key: 0.15}, apart).disagreeing) == {light.key, full.key}  # a tie
+    near_floor = {light.key: 0.02, full.key: 0.12}  # apart, and each band reaches past the other's reading
+    assert judges._clearly_apart(0.02, 0.12) and judges._clearly_apart(0.19, 0.02)
+    assert judges.saving_agrees(0.19, 0.02) and judges.saving_agrees(0.02, 0.12)
+    assert set(score({light.key: 0.19, full.key: 0.02}, near_floor).disagreeing) == {light.key, full.key}
 
 
 def test_a_finding_loses_its_count_only_when_two_independent_measurements_disagree_with_it(monkeypatch) -> None:

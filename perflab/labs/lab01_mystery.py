@@ -33,7 +33,7 @@ no bug costs points), shares the marks among the planted bugs that cost step tim
 finding its line's share, and counts its type only with a saving this notebook's run measured (`savings`
 logs what it timed, and the diagnosis probe sends that log: a saving typed in is no measurement): it
 measures what each such bug costs its own copy of the pipeline, and the saving must agree (within a
-factor of SAVING_FACTOR, and in the same order where two bugs' costs differ clearly). It re-measures the fixed copy against the planted pipeline in its own process
+factor of SAVING_FACTOR, neither tied with nor clearly below a bug whose cost is clearly smaller). It re-measures the fixed copy against the planted pipeline in its own process
 (it must be faster and train the same way), and parses the trace file itself.
 """
 

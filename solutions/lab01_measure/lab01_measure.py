@@ -1013,8 +1013,8 @@ print(verdict)
 #   finding's type only when its `saves` is a saving this notebook measured (what `saving` or `savings`
 #   returned for a copy with that fix alone, or the mean or median of several, rounded as you like: a
 #   number typed in earns the line's share only) and agrees with the grader's measurement (within a
-#   factor of 2, and in the same order where the grader's measurements of two bugs differ clearly, a
-#   tie ordering neither):
+#   factor of 2; where the grader's measurements of two bugs differ clearly, a tie orders neither,
+#   nor does a reading clearly the other way round):
 #   knowing where a bug is does not say what it costs. A
 #   bug that only holds memory saves no step time to agree on, so no measurement can tell finding it
 #   from reading it off the kit: report it and fix it all the same (a long run dies of it), but it
