@@ -15,10 +15,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.course_id = "perflab"
 c.CourseDirectory.root = HERE if os.path.isdir(os.path.join(HERE, "source")) else os.path.join(HERE, "course")
 # What a lab leaves beside its notebook at run time never travels with a release or a submission,
-# nor does a course lab's judges.py (the grader's checks, beside its source notebook).
+# nor does a course lab's judges.py or judges/ (the grader's checks, beside its source notebook).
 c.CourseDirectory.ignore = [
     ".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "results", "*.trace.json",
-    "*.bin", "*.prof", "*.lprof", "judges.py",
+    "*.bin", "*.prof", "*.lprof", "judges.py", "judges",
 ]
 
 # Every notebook runs on the `python3` kernel of the environment perflab is installed in.

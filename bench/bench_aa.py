@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from perflab.labs import lab06, lab06_measure
+from perflab.labs import lab06
+from perflab.labs.lab06 import measure as lab06_measure
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ def mystery_cheat(student: str, data: str, how: str, warm: int = 4) -> Step:
     """The reference fix of `student`'s pipeline, cheating after `warm` steps as `how` says."""
     import torch
 
-    from perflab.labs.hidden import mystery_truth
+    from perflab.labs.lab01.judges import mystery_truth
 
     trainer = mystery_truth.pipeline(student, bugs=()).module().Trainer(0, data)
     count = [0]
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perflab import mystery
-    from perflab.labs.hidden import mystery_truth
+    from perflab.labs.lab01.judges import mystery_truth
     from perflab.verify.protocol import VERIFY_THREADS
 
     torch.set_num_threads(VERIFY_THREADS)

@@ -8,7 +8,7 @@
    a step, a light one a small share (each pipeline plants one bug light, so the savings of its bugs
    are clearly apart); a memory bug may cost none.
 2. For each id: its planted pipeline against the same pipeline with every bug fixed, re-measured by
-   `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.hidden.mystery.FIX_BAR`).
+   `perflab.verify` in a fresh process with the grader's bar (`perflab.labs.lab01.judges.mystery.FIX_BAR`).
 3. For each id: its bugs' doses and drawn amounts, what the grader measures each bug that costs time to
    save (`measured_savings`, in a process forked from its measuring server), and the most of the diagnosis a truth reader earns there:
    one that types the planted lines and types with one constant saving (the best constant of 0 to 0.6)
@@ -33,8 +33,8 @@ def bug_costs(rounds: int, steps: int) -> dict[str | None, float]:
     ("key" at its full dose, "key (light)" at its light one)."""
     import torch
 
-    from perflab.labs.hidden import mystery_truth
-    from perflab.labs.hidden.mystery_truth import CATALOGUE
+    from perflab.labs.lab01.judges import mystery_truth
+    from perflab.labs.lab01.judges.mystery_truth import CATALOGUE
     from perflab.mystery.catalogue import AMOUNTS
     from perflab.verify.protocol import VERIFY_THREADS
 
@@ -78,8 +78,8 @@ def _id_drawing(name: str, option: str) -> str:
 
 def verified_fix(student: str) -> dict[str, object]:
     from perflab import mystery
-    from perflab.labs.hidden import mystery_truth
-    from perflab.labs.hidden.mystery import FIX_BAR
+    from perflab.labs.lab01.judges import mystery_truth
+    from perflab.labs.lab01.judges.mystery import FIX_BAR
     from perflab.verify import Side, verify
 
     data = mystery.sizes_for()[0]
@@ -107,8 +107,8 @@ def truth_readers(student: str) -> dict[str, object]:
     Returns {"savings", "amounts", "constant": (typed, as if measured, the constant), "typical": (typed,
     as if measured)}."""
     from perflab import mystery
-    from perflab.labs.hidden import mystery_truth
-    from perflab.labs.hidden.mystery import measured_savings, score_diagnosis
+    from perflab.labs.lab01.judges import mystery_truth
+    from perflab.labs.lab01.judges.mystery import measured_savings, score_diagnosis
 
     planted = mystery_truth.truth(student).planted
     readings = [measured_savings(student, None, attempt) for attempt in (0, 1)]
@@ -130,7 +130,7 @@ def truth_readers(student: str) -> dict[str, object]:
 
 def _amount_names(key: str, dose: str) -> list[str]:
     """The drawn amounts (`catalogue.AMOUNTS`) a bug's snippet at `dose` uses."""
-    from perflab.labs.hidden.mystery_truth import BY_KEY
+    from perflab.labs.lab01.judges.mystery_truth import BY_KEY
 
     return sorted({n for line in BY_KEY[key].code(dose) for n in re.findall(r"<<(\w+)>>", line)})
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from perflab import env, mystery
-    from perflab.labs.hidden.mystery import FIX_BAR
+    from perflab.labs.lab01.judges.mystery import FIX_BAR
     from perflab.verify.protocol import VERIFY_THREADS
 
     data, image_size, batch = mystery.sizes_for()

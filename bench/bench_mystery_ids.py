@@ -13,7 +13,7 @@ and the per-step `append` of the batch). Each id is graded `--repeats` times:
    kernel runs it, and its diagnosis probe's observation comes back (findings and the log of what
    `lab01_mystery.savings` measured); for each further grading the same interpreter measures the
    savings of its copies again as the cell does (the lines found do not vary, the savings do);
-2. the grader's side: lab 1's diagnosis judge (`perflab.labs.hidden.mystery.judge_diagnosis`) judges
+2. the grader's side: lab 1's diagnosis judge (`perflab.labs.lab01.judges.mystery.judge_diagnosis`) judges
    that observation in this process, measuring the savings through its savings server.
 
 It prints each grading's marks (of the cell's 8) and, per planted bug that costs time, the notebook's
@@ -112,7 +112,8 @@ def notebook_side(student: str, mode: str, repeats: int) -> list[dict[str, Any]]
 
     matplotlib.use("Agg")
     from perflab.grading.probing import run_probes
-    from perflab.labs import build, lab01_mystery
+    from perflab.labs import build
+    from perflab.labs.lab01 import mystery as lab01_mystery
 
     os.environ["PERFLAB_STUDENT_ID"] = student
     os.environ["PERFLAB_MODE"] = mode
@@ -162,9 +163,9 @@ def run_notebook_side(student: str, mode: str, repeats: int) -> list[dict[str, A
 def grade(student: str, mode: str, notebook: dict[str, Any]) -> dict[str, Any]:
     """The diagnosis judge on the notebook's observation, with the grader's readings it measured."""
     from perflab.grading import judging
-    from perflab.labs.hidden import mystery as judges
-    from perflab.labs.hidden import mystery_truth, savings_server
-    from perflab.labs.hidden.mystery_truth import BY_KEY
+    from perflab.labs.lab01.judges import mystery as judges
+    from perflab.labs.lab01.judges import mystery_truth, savings_server
+    from perflab.labs.lab01.judges.mystery_truth import BY_KEY
 
     readings: list[dict[str, float]] = []
     measure = savings_server.measure
@@ -205,7 +206,7 @@ def _label(student: str) -> str:
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The worst notebook/grader agreement over every timed bug of `rows`."""
-    from perflab.labs.hidden.mystery import saving_agrees
+    from perflab.labs.lab01.judges.mystery import saving_agrees
 
     gaps, ratios, outside = [], [], []
     for row in rows:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from perflab import env, mystery
-    from perflab.labs.hidden import savings_server
+    from perflab.labs.lab01.judges import savings_server
 
     ids = choose_ids(args.ids)
     print(f"{env.machine_info().hardware_class}; mode {args.mode} ({'/'.join(map(str, mystery.sizes_for(args.mode)))}); "

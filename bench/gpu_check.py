@@ -198,7 +198,7 @@ def run_profile(check: Check, steps: tuple[int, int]) -> None:
     fed = base.replace(**{f: getattr(optimized, f) for f in LOADER_FIELDS})
     # Lab 6's reference plan at the full-mode sizes (compile included where its bar says it pays here): its
     # ceiling is the compiled step's, what the course's last lab should reach.
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab06 import judges as hidden06
 
     final = hidden06.reference_final("tiny" if check.mode == "tiny" else "full").replace(device=check.device,
                                                                                          threads=None)
@@ -286,9 +286,9 @@ def _observe_final(config: Any) -> dict[str, Any]:
 def lab_choices(mode: str) -> dict[str, tuple[Any, Callable[..., Any], Callable[[Any], dict], Any, Any]]:
     """{lab: (module, the grader's judge of its re-measured cell, observe, reference choice, lazy choice)}."""
     from perflab.labs import lab02, lab03, lab06
-    from perflab.labs.hidden import lab02 as hidden02
-    from perflab.labs.hidden import lab03 as hidden03
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab02 import judges as hidden02
+    from perflab.labs.lab03 import judges as hidden03
+    from perflab.labs.lab06 import judges as hidden06
 
     return {
         lab02.LAB: (lab02, hidden02.judge_best_verified, _observe_plain, hidden02.reference_best(mode),
@@ -367,7 +367,7 @@ def run_tests(check: Check) -> None:
 # The grading mode (`--grading`, a second call of at most 9 minutes): the demo class through the real
 # pipeline with default flags (the device, the limits and the pool as an instructor's run decides them),
 # lab by lab in this order while the budget lasts, each lab graded alone (lab 6 then starts from the plan
-# of the grader's `reference_decisions`, perflab/labs/hidden/lab06.py, as a student whose earlier labs are
+# of the grader's `reference_decisions`, perflab/labs/lab06/judges/, as a student whose earlier labs are
 # not graded does).
 GRADE_LABS = ("lab02_feed", "lab03_amp", "lab06_together", "lab04_memory", "lab05_compile")
 GRADE_STUDENTS = ("reference", "lazy", "cheater")

@@ -11,8 +11,8 @@ One zip that a student unpacks and installs (`pip install -e .`), holding:
     README.md                 the student guide (docs/students.md): install, Colab, work, hand in
 
 and never solutions/, autograder/ (course folder, gradebook, expectations), tests/, built data,
-results files, caches, or the grader-only `perflab/labs/hidden/` (the hidden checks and the reference
-answers they compare against). Before writing, every file is scanned for nbgrader's solution and
+results files, caches, or the grader-only `judges/` of each lab (`perflab/labs/labNN/judges/`: the hidden
+checks and the reference answers they compare against). Before writing, every file is scanned for nbgrader's solution and
 hidden-test markers (`LEAK_MARKERS`); one hit stops the bundle with the file's name.
 """
 
@@ -23,6 +23,8 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from perflab.labs import registry
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "dist" / "perflab-student.zip"
@@ -50,7 +52,8 @@ CONTENTS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
 SKIP_PARTS = frozenset({"__pycache__", ".ipynb_checkpoints", "results", "build", ".pytest_cache"})
 # Parts of the package only the grader needs: the judges with their reference answers, and the code
 # that loads and runs them.
-GRADER_ONLY = ("perflab/labs/hidden", "perflab/grading/judging.py")
+GRADER_ONLY = (*(folder.relative_to(REPO).as_posix() for folder in registry.grader_only_folders()),
+               "perflab/grading/judging.py")
 
 # The student guide, shipped as the kit's README.md: one text for the repository and the bundle.
 STUDENT_GUIDE = "docs/students.md"

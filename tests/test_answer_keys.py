@@ -4,7 +4,7 @@ configuration, a reference decision or a calibration pair.
 A student cell `BEST = lab02.reference_best()` or `FINAL = lab06.reference_final()` once earned the
 decision points without measuring anything. The reference answers (`reference_best` of labs 2 and 3,
 lab 6's plan, decisions and FINAL, each lab's `calibration_pair`) now live in the grader-only
-`perflab/labs/hidden/labNN.py`, which the bundle leaves out (`perflab.bundle.GRADER_ONLY`). These tests
+`perflab/labs/labNN/judges/`, which the bundle leaves out (`perflab.bundle.GRADER_ONLY`). These tests
 hold every shipped module to that by name, and, more robustly, by what its functions return: none may
 hand back a TrainConfig equal to a reference the grader's side computes (tests/test_bundle.py checks
 the built zip itself).
@@ -26,10 +26,10 @@ import pytest
 import perflab
 from perflab import bundle, env
 from perflab.labs import lab02, lab03, lab04, lab06
-from perflab.labs.hidden import lab02 as hidden02
-from perflab.labs.hidden import lab03 as hidden03
-from perflab.labs.hidden import lab04 as hidden04
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs.lab02 import judges as hidden02
+from perflab.labs.lab03 import judges as hidden03
+from perflab.labs.lab04 import judges as hidden04
+from perflab.labs.lab06 import judges as hidden06
 from perflab.workload import TrainConfig
 
 # A public name of this shape in a shipped module is an answer key.
@@ -69,13 +69,13 @@ def test_the_walk_covers_the_package_and_leaves_the_grader_side_out():
     names = shipped_module_names()
     assert {"perflab.labs.lab02", "perflab.labs.lab06", "perflab.verify.calibrate", "perflab.grading.self_calibration",
             "perflab.cli.calibrate"} <= set(names)
-    assert not [n for n in names if n.startswith("perflab.labs.hidden") or n == "perflab.grading.judging"]
+    assert not [n for n in names if ".judges" in n or n == "perflab.grading.judging"]
 
 
 def test_no_shipped_module_has_an_answer_key_by_name():
     found = {name: keys for name in shipped_module_names()
              if (keys := _answer_names(importlib.import_module(name)))}
-    assert found == {}, f"answer keys in modules the student's kit ships (move them to perflab/labs/hidden): {found}"
+    assert found == {}, f"answer keys in modules the student's kit ships (move them to the lab's judges/): {found}"
 
 
 def test_the_name_rule_finds_an_answer_key_put_back():
@@ -254,8 +254,8 @@ def defined_answer_keys(source: str) -> list[str]:
 
 def test_no_shipped_source_defines_an_answer_key():
     sources = shipped_sources()
-    assert f"{bundle.ROOT_NAME}/perflab/labs/lab06.py" in sources
-    assert not [n for n in sources if "/perflab/labs/hidden/" in n or n.endswith("/perflab/grading/judging.py")]
+    assert f"{bundle.ROOT_NAME}/perflab/labs/lab06/__init__.py" in sources
+    assert not [n for n in sources if "/judges/" in n or n.endswith("/perflab/grading/judging.py")]
     found = {name: keys for name, text in sources.items() if (keys := defined_answer_keys(text))}
     assert found == {}, f"shipped files define answer keys: {found}"
     assert defined_answer_keys("def reference_final(mode='grade'):\n    pass\n") == ["reference_final"]
@@ -273,7 +273,7 @@ MYSTERY_IDS = ("alice", "bob", "ivan", "judy")
 
 
 def _truth_of(student: str) -> tuple[set[str], set[tuple[int, ...]]]:
-    from perflab.labs.hidden import mystery_truth
+    from perflab.labs.lab01.judges import mystery_truth
 
     planted = mystery_truth.truth(student).planted
     return {p.key for p in planted}, {p.lines for p in planted} | {p.helper_lines for p in planted if p.helper_lines}
@@ -356,7 +356,7 @@ def test_what_the_shipped_mystery_writes_pipelines_from_says_nothing_of_bugs():
 def test_the_truth_rule_finds_a_planted_truth_put_back():
     """The detector itself: the grader's truth (as the kit's for_student once returned it), or its keys or
     lines alone, are found."""
-    from perflab.labs.hidden import mystery_truth
+    from perflab.labs.lab01.judges import mystery_truth
 
     keys, lines = _truth_of("bob")
     case = mystery_truth.truth("bob")
@@ -379,9 +379,9 @@ def test_the_shipped_mystery_has_no_truth_in_its_api():
 
 
 def test_no_shipped_file_holds_the_bugs_prose():
-    """The tool, symptom and fix of each bug are the grader's (perflab/labs/hidden/mystery_truth.py): no
+    """The tool, symptom and fix of each bug are the grader's (perflab/labs/lab01/judges/mystery_truth.py): no
     file the kit ships, package or notebook, holds one of them."""
-    from perflab.labs.hidden.mystery_truth import CATALOGUE
+    from perflab.labs.lab01.judges.mystery_truth import CATALOGUE
 
     prose = {text for bug in CATALOGUE for text in (bug.symptom, bug.fix)}
     assert len(prose) == 2 * len(CATALOGUE)

@@ -118,16 +118,17 @@ def test_no_module_over_600_lines():
     assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"
 
 
-# A lab is named only by its own modules (perflab/labs/): the core reads the labs' manifests
+# A lab is named only by its own folder (perflab/labs/labNN/): the core reads the labs' manifests
 # (`perflab.labs.registry`). Docstrings and comments may give a lab as an example; code may not.
-LAB_NAME = re.compile(r"lab0[0-9]")
+LAB_NAME = re.compile(r"lab[0-9][0-9]")
 LABS_PACKAGE = PACKAGE / "labs"
 
 
 def lab_owned(path: Path) -> bool:
-    """A lab's own module: `perflab/labs/labNN*.py`, or a grader-only one in `perflab/labs/hidden/`. The
-    shared modules beside them (the registry, the notebook builder, homework, common) are core."""
-    return path.parent == LABS_PACKAGE / "hidden" or (path.parent == LABS_PACKAGE and bool(LAB_NAME.match(path.name)))
+    """A lab's own module: anything in its folder, `perflab/labs/labNN/` (judges included). The shared
+    modules beside the folders (the registry, the notebook builder, homework, common) are core."""
+    rel = path.relative_to(LABS_PACKAGE).parts if LABS_PACKAGE in path.parents else ()
+    return len(rel) > 1 and bool(LAB_NAME.fullmatch(rel[0]))
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -162,10 +163,10 @@ def lab_names_in(path: Path) -> list[str]:
 
 def test_the_lab_scan_finds_an_import_and_a_constant_but_no_docstring(tmp_path):
     module = tmp_path / "core.py"
-    module.write_text('"""Grades lab03_amp."""\nfrom perflab.labs import lab02\nimport perflab.labs.lab04_measure\n'
+    module.write_text('"""Grades lab03_amp."""\nfrom perflab.labs import lab02\nimport perflab.labs.lab04.measure\n'
                       'def f():\n    """lab05."""\n    # lab06 in a comment\n    return f"{1}lab06_together"\n',
                       encoding="utf-8")
-    assert lab_names_in(module) == ["2: 'perflab.labs.lab02'", "3: 'perflab.labs.lab04_measure'",
+    assert lab_names_in(module) == ["2: 'perflab.labs.lab02'", "3: 'perflab.labs.lab04.measure'",
                                     "7: 'lab06_together'"]
 
 
@@ -174,4 +175,16 @@ def test_no_module_outside_the_labs_names_a_lab():
              for path in sorted(PACKAGE.rglob("*.py")) if not lab_owned(path)
              for hit in lab_names_in(path)]
     assert not found, f"{len(found)} places outside the labs' own modules name a lab (read the manifests):\n" + "\n".join(found)
-    assert lab_owned(LABS_PACKAGE / "lab01_mystery.py") and not lab_owned(LABS_PACKAGE / "homework.py")
+    assert lab_owned(LABS_PACKAGE / "lab01" / "mystery.py") and lab_owned(LABS_PACKAGE / "lab01" / "judges" / "mystery.py")
+    assert not lab_owned(LABS_PACKAGE / "homework.py")
+
+
+def test_every_lab_is_one_folder_of_the_same_shape():
+    """The kit's six labs are laid out as a course's seventh is: a folder with its public module, its
+    probes and its grader-only judges, and no lab module outside its folder."""
+    folders = sorted(p for p in LABS_PACKAGE.iterdir() if p.is_dir() and LAB_NAME.fullmatch(p.name))
+    assert len(folders) >= 6
+    for folder in folders:
+        assert {"__init__.py", "probes.py", "checks.py"} <= {p.name for p in folder.glob("*.py")}, folder
+        assert (folder / "judges" / "__init__.py").is_file(), folder
+    assert not [p.name for p in LABS_PACKAGE.glob("*.py") if LAB_NAME.match(p.name)]

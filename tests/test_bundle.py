@@ -157,8 +157,8 @@ def test_student_notebooks_carry_no_copied_answer(shipped):
     assert [f for f in copied_answers(shipped) if f.split(":")[0].endswith(".ipynb")] == []
 
 
-# The contract modules perflab/labs/labNN.py ship (the visible tests call their checks); the hidden
-# checks and the reference answers they compare against live in perflab/labs/hidden/, left out.
+# The lab folders perflab/labs/labNN/ ship (the visible tests call their checks); the hidden checks and
+# the reference answers they compare against live in each folder's judges/, left out.
 def test_package_source_carries_no_copied_answer(shipped):
     package = [f for f in copied_answers(shipped) if not f.split(":")[0].endswith(".ipynb")]
     assert package == [], f"answers copied into shipped files: {package}"
@@ -176,10 +176,10 @@ def test_the_copy_detector_finds_an_answer_pasted_into_the_package(shipped):
 
 
 def test_bundle_leaves_the_grader_only_checks_out(shipped):
-    assert (REPO / "perflab" / "labs" / "hidden").is_dir(), "the hidden checks live in perflab/labs/hidden"
-    assert not [n for n in shipped if "/perflab/labs/hidden/" in n]
+    assert (REPO / "perflab" / "labs" / "lab04" / "judges").is_dir(), "the hidden checks live in perflab/labs/labNN/judges"
+    assert not [n for n in shipped if "/judges/" in n or n.endswith("/judges.py")]
     importers = [n for n, data in shipped.items() if n.endswith((".py", ".ipynb"))
-                 and re.search(rb"perflab\.labs\.hidden|from perflab\.labs import hidden|from \.hidden", data)]
+                 and re.search(rb"perflab\.labs\.lab\d\d\.judges|import judges|from \.judges", data)]
     assert importers == [], f"shipped files import the grader-only package: {importers}"
 
 
@@ -209,8 +209,9 @@ def _unpack(shipped: dict[str, bytes], into: Path) -> Path:
 
 def test_unpacked_bundle_imports_the_lab_contracts(shipped, tmp_path):
     root = _unpack(shipped, tmp_path)
-    labs = sorted(p.stem for p in (REPO / "perflab" / "labs").glob("lab0*.py"))  # contracts and their parts
-    assert len([lab for lab in labs if re.fullmatch(r"lab0\d", lab)]) == 6
+    labs = sorted(".".join(p.relative_to(REPO / "perflab" / "labs").with_suffix("").parts).removesuffix(".__init__")
+                  for p in (REPO / "perflab" / "labs").glob("lab0*/*.py"))  # contracts and their parts
+    assert len([lab for lab in labs if re.fullmatch(r"lab0\d", lab)]) == 6 and "lab04.probes" in labs
     imports = ", ".join(f"perflab.labs.{lab}" for lab in labs)
     code = (f"import sys; sys.path.insert(0, '.'); import perflab, perflab.labs.common, perflab.verify, {imports};"
             "print(perflab.__file__)")
@@ -263,7 +264,7 @@ def test_in_the_unpacked_kit_a_cell_copying_the_answer_key_fails_and_calibration
              ("_DECIDED = lab06.reference_decisions(None)", "AttributeError"),
              ("from perflab.labs.lab03 import reference_best", "ImportError"),
              ("from perflab.labs.lab06 import calibration_pair", "ImportError"),
-             ("from perflab.labs.hidden import lab06", "ModuleNotFoundError")]
+             ("from perflab.labs.lab06 import judges", "ImportError")]
     code = ("import sys; sys.path.insert(0, '.')\nfrom perflab.labs import lab02, lab03, lab06\n"
             + "".join(f"try:\n    {cell}\nexcept Exception as exc:\n    print(type(exc).__name__)\nelse:\n"
                       f"    print('ran')\n" for cell, _ in cells))
@@ -284,7 +285,7 @@ def test_in_the_unpacked_kit_the_mystery_pipeline_is_written_and_its_truth_is_no
     the run, nothing planted; the old truth (`Planted`, `draw`, `light_dose`, the catalogue's prose) is
     gone, the grader's module is not there, and no shipped file holds a bug's symptom or fix."""
     from perflab import mystery
-    from perflab.labs.hidden.mystery_truth import CATALOGUE
+    from perflab.labs.lab01.judges.mystery_truth import CATALOGUE
 
     root = _unpack(shipped, tmp_path)
     code = ("import sys, dataclasses; sys.path.insert(0, '.')\n"
@@ -294,7 +295,7 @@ def test_in_the_unpacked_kit_the_mystery_pipeline_is_written_and_its_truth_is_no
             "print([n for n in ('Planted', 'draw', 'light_dose', 'CATALOGUE', 'BY_KEY') if hasattr(mystery, n)])\n"
             "print(sorted({f.name for s in cat.SNIPPETS for f in dataclasses.fields(s)}))\n"
             "print(len(case.source))\n"
-            "try:\n    import perflab.labs.hidden.mystery_truth\nexcept ImportError as exc:\n"
+            "try:\n    import perflab.labs.lab01.judges.mystery_truth\nexcept ImportError as exc:\n"
             "    print(type(exc).__name__)\n")
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

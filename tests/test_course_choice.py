@@ -287,7 +287,7 @@ def test_a_folder_smaller_than_one_batch_is_one_line_saying_so(folder: Path) -> 
 
 def test_a_mystery_pipeline_on_a_folder_smaller_than_its_batch_is_not_written(
         folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perflab.labs import lab01_mystery
+    from perflab.labs.lab01 import mystery as lab01_mystery
 
     monkeypatch.setenv(env.DATA_ENV, str(folder))
     with pytest.raises(ValueError, match=r"holds 12 training image\(s\), fewer than one batch of 16 of the mystery"):

@@ -24,11 +24,12 @@ import simulated_machine as simulated
 from perflab import env, stats
 from perflab.grading.judging import Context
 from perflab.grading.marks import Mark
-from perflab.labs import common, lab02, lab03, lab05, lab06, lab06_probes
-from perflab.labs.hidden import lab02 as hidden02
-from perflab.labs.hidden import lab03 as hidden03
-from perflab.labs.hidden import lab05 as hidden05
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs import common, lab02, lab03, lab05, lab06
+from perflab.labs.lab02 import judges as hidden02
+from perflab.labs.lab03 import judges as hidden03
+from perflab.labs.lab05 import judges as hidden05
+from perflab.labs.lab06 import judges as hidden06
+from perflab.labs.lab06 import probes as lab06_probes
 from perflab.verify import Budget, Verdict, load_expectation, verify
 from perflab.verify.expectations import EXPECTATIONS_ENV, PARITY_BAR, Expectation
 from perflab.workload import TrainConfig

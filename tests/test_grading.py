@@ -69,10 +69,10 @@ def _release():
     ("from perflab.mystery import _draw\nbugs = _draw('me')", "perflab.mystery._draw"),
     ("import importlib\nm = importlib.import_module('perflab.mystery')\nf = getattr(m, '_doses')", "perflab.mystery._doses"),
     # The log of what the notebook measured, which makes a typed saving count as measured.
-    ("from perflab.labs import lab01_mystery\nlab01_mystery._MEASURED.append({'saves': 0.3})",
-     "perflab.labs.lab01_mystery._MEASURED"),
-    ("from perflab.labs.lab01_mystery import _remember\n_remember('p.py', ['c.py'], [0.3])",
-     "perflab.labs.lab01_mystery._remember"),
+    ("from perflab.labs.lab01 import mystery as lab01_mystery\nlab01_mystery._MEASURED.append({'saves': 0.3})",
+     "perflab.labs.lab01.mystery._MEASURED"),
+    ("from perflab.labs.lab01.mystery import _remember\n_remember('p.py', ['c.py'], [0.3])",
+     "perflab.labs.lab01.mystery._remember"),
     # The planted truth by a spelling no text names: a computed module name, getattr, sys.modules.
     ("import importlib\nm = importlib.import_module('perflab.' + 'mys' + 'tery')\n"
      "case = getattr(m, 'for_' + 'student')('me')", "whose name it computes"),
@@ -81,7 +81,7 @@ def _release():
     ("import importlib\nm = importlib.import_module('perflab.mystery')\nbugs = m.draw('me')", "perflab.mystery.draw"),
     ("import sys\nm = sys.modules['perflab.' + 'mystery']", "sys.modules by a computed name"),
     ("import importlib\nc = importlib.import_module('perflab.mystery.catalogue')", "what perflab planted"),
-    ("import perflab.labs.lab01_mystery as lm\nname = 'load_' + 'pipeline'\nf = getattr(lm, name)",
+    ("import perflab.labs.lab01.mystery as lm\nname = 'load_' + 'pipeline'\nf = getattr(lm, name)",
      "whose name it computes"),
 ])
 def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, needle):
@@ -99,9 +99,9 @@ def test_scan_code_flags_patching_hooks_environment_and_reads_outside(code, need
     "import time\nstart = time.perf_counter()",
     "def f(:\n  broken",  # unparseable code is scored by running it, not here
     "n_steps = 10",
-    "from perflab import mystery\nfrom perflab.labs import lab01_mystery\nSTUDENT_ID = mystery.student_id(MY_ID)\n"
+    "from perflab import mystery\nfrom perflab.labs.lab01 import mystery as lab01_mystery\nSTUDENT_ID = mystery.student_id(MY_ID)\n"
     "PIPELINE = lab01_mystery.write_pipeline(STUDENT_ID)\ncosts = lab01_mystery.line_costs(PIPELINE)",
-    "import importlib\nlm = importlib.import_module('perflab.labs.lab01_mystery')\nsaves = lm.saving('a.py', 'b.py')",
+    "import importlib\nlm = importlib.import_module('perflab.labs.lab01.mystery')\nsaves = lm.saving('a.py', 'b.py')",
     "import torch\ndtype = getattr(torch, 'bfloat' + '16')",
 ])
 def test_scan_code_leaves_honest_code_alone(code):

@@ -82,7 +82,7 @@ def test_missing_and_failed_probes_score_zero_with_a_reason() -> None:
 
 
 def test_observations_made_for_another_seed_fail() -> None:
-    from perflab.labs import lab02_probes
+    from perflab.labs.lab02 import probes as lab02_probes
 
     def pick(sweep, tolerance=0.05):
         if not sweep or min(sweep) < 0 or not all(v > 0 for v in sweep.values()):

@@ -237,7 +237,7 @@ def test_lab6s_job_carries_the_students_graded_decisions_where_the_notebook_read
     from perflab.grading import job as job_mod
     from perflab.grading.result import Job, LabInfo
     from perflab.grading.state import CellResult, Record, State
-    from perflab.labs import lab06_report
+    from perflab.labs.lab06 import report_inputs as lab06_report
     from perflab.workload import TrainConfig
 
     course = tmp_path / "course"
@@ -272,8 +272,8 @@ def test_the_plan_without_earlier_results_is_the_one_calibration_times():
     """Graded alone on an H200, the notebook re-entered bf16 without channels_last and no compile, while the
     bar was calibrated on bf16 + channels_last + compile: one function now gives both."""
     from perflab.labs import lab03
-    from perflab.labs.hidden import lab03 as hidden03
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab03 import judges as hidden03
+    from perflab.labs.lab06 import judges as hidden06
     from perflab.verify.expectations import Expectation
 
     gpu = dataclasses.replace(env.machine_info("cpu"), device="cuda", hardware_class="cuda-simulated")
@@ -295,7 +295,7 @@ def test_the_plan_without_earlier_results_is_the_one_calibration_times():
     notebook = (Path(__file__).parents[1] / "solutions" / "lab06_together" / "lab06_together.py").read_text()
     # The reference notebook's re-entry is that same function, on the grader's side (its solution region,
     # which the release strips); the student's copy tells them to enter a missing decision by hand.
-    assert "import perflab.labs.hidden.lab06 as hidden06" in notebook
+    assert "import perflab.labs.lab06.judges as hidden06" in notebook
     assert "hidden06.reference_decisions(INFO)" in notebook and "lab06.reference_decisions" not in notebook
     # ... and quotes no hidden test's line: the grader's leak guard would keep no feedback notebook of it.
     from perflab.grading import feedback

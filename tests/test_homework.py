@@ -10,7 +10,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from perflab.labs import homework, lab03_figures, lab06, lab06_measure
+from perflab.labs import homework, lab06
+from perflab.labs.lab03 import figures as lab03_figures
+from perflab.labs.lab06 import measure as lab06_measure
 from perflab.timing import Comparison
 
 pytestmark = pytest.mark.usefixtures("fresh_homework")
@@ -209,14 +211,14 @@ def _ctx(lab: str, entries) -> object:
 
 
 def test_a_final_typed_in_from_elsewhere_loses_the_decision_and_says_why() -> None:
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab06 import judges as hidden06
 
     base = lab06.baseline_config("tiny")
     loader = base.replace(num_workers=1, persistent_workers=True)
     both = loader.replace(amp_dtype="bf16")
 
     def observed(chain):
-        from perflab.labs import lab06_probes
+        from perflab.labs.lab06 import probes as lab06_probes
 
         return lab06_probes.PROBES["test_final_config"]({"CHAIN": chain, "FINAL": chain[-1][1]}, 0)
 
@@ -238,13 +240,13 @@ def test_a_final_typed_in_from_elsewhere_loses_the_decision_and_says_why() -> No
 
 def test_an_amp_setting_the_notebook_never_compared_at_home_loses_the_decision(tiny_data) -> None:
     from perflab.labs import lab03
-    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.lab03 import judges as hidden03
 
     base = lab03.baseline_config("tiny")
     judge = hidden03.JUDGES["test_amp_config"]
 
     def observed(config):
-        from perflab.labs import lab03_probes
+        from perflab.labs.lab03 import probes as lab03_probes
 
         return lab03_probes.PROBES["test_amp_config"]({"AMP_CONFIG": config, "CLAIM": 1.2}, 0)
 
@@ -270,7 +272,7 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
     called without `swept`), no submission read, and a grader on another kind of device all
     pass."""
     from perflab.labs import lab02
-    from perflab.labs.hidden import lab02 as hidden02
+    from perflab.labs.lab02 import judges as hidden02
 
     base = lab02.baseline_config("tiny")
     lab02.as_decided(base.replace(num_workers=2), "two workers gained", base, "cpu", swept={0: 9.0, 1: 10.0, 2: 12.0,
@@ -293,8 +295,8 @@ def test_a_loader_whose_worker_count_the_home_sweep_never_measured_loses_the_dec
 
 def test_a_chain_timed_at_home_with_measure_chain_replays_and_counts_as_measured(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from perflab.labs import lab06_probes
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab06 import judges as hidden06
+    from perflab.labs.lab06 import probes as lab06_probes
 
     base = lab06.baseline_config("tiny")
     chain = [("baseline", base), ("bf16", base.replace(amp_dtype="bf16"))]
@@ -557,7 +559,8 @@ def _loader_sweep() -> tuple[dict, dict, dict]:
 def test_lab2s_loader_measurements_replay_when_graded_with_their_keys_and_types(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The sweep (a tuple of tables) and the epoch starts (booleans to lists of seconds) come back as measured."""
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     s = lab02.sizes("tiny")
     runs: list[str] = []
@@ -584,7 +587,8 @@ def test_lab2s_loader_measurement_runs_again_for_other_code_args_or_device(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A make_loader edited after the saved run, another worker count or another kind of device: measured
     here, at the budgets in force, and said so."""
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     s = lab02.sizes("tiny")
     runs: list[int] = []
@@ -623,7 +627,8 @@ def test_lab2s_loader_measurement_runs_again_for_other_code_args_or_device(
     "fast",
 ])
 def test_a_malformed_lab2_loader_record_is_not_replayed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value) -> None:
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     def measure_prefetch(workers):
         return {1: 60.0}
@@ -636,7 +641,8 @@ def test_a_malformed_lab2_loader_record_is_not_replayed(monkeypatch: pytest.Monk
 
 
 def test_a_lab2_measurement_the_kit_cannot_record_still_runs_at_home() -> None:
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     got = lab02_measure.measured("crowded", lambda workers: {"0": "slow"}, 1, device="cpu", sizes=lab02.sizes("tiny"))
     assert got == {"0": "slow"} and homework.RECORDED[-1]["value"] is None
@@ -650,7 +656,8 @@ def test_a_lab2_measurement_not_tied_to_its_code_or_counts_is_measured_and_never
 
     import numpy as np
 
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     s = lab02.sizes("tiny")
 
@@ -672,7 +679,8 @@ def test_a_lab2_measurement_not_tied_to_its_code_or_counts_is_measured_and_never
 
 def test_a_measurement_whose_code_changed_says_so_when_graded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     s = lab02.sizes("tiny")
 
@@ -699,7 +707,8 @@ def test_lab2s_loader_record_made_on_a_gpu_replays_on_a_simulated_cuda_grader_an
     (the device as the notebook holds it, a torch.device), and a CPU grader measures again."""
     import torch
 
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     s = lab02.sizes("tiny")
     runs: list[int] = []
@@ -737,7 +746,8 @@ def test_lab2s_decision_comparison_replays_for_the_same_two_loaders_and_device(
     loaders: replayed when graded for those loaders on this kind of device, timed again for any other."""
     from types import SimpleNamespace
 
-    from perflab.labs import lab02, lab02_measure
+    from perflab.labs import lab02
+    from perflab.labs.lab02 import measure as lab02_measure
 
     measured = Comparison((0.02, 0.021, 0.02), (0.01, 0.011, 0.01), 1, labels=("baseline", "candidate"))
     runs: list = []

@@ -14,8 +14,10 @@ from torch import nn
 
 from perflab.grading import judging
 from perflab.grading.probing import run_probes
-from perflab.labs import lab01, lab01_checks, lab01_probes
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs import lab01
+from perflab.labs.lab01 import checks as lab01_checks
+from perflab.labs.lab01 import judges as hidden01
+from perflab.labs.lab01 import probes as lab01_probes
 
 LAB = lab01.LAB
 
@@ -167,7 +169,7 @@ def test_a_grading_run_measures_the_machine_before_its_first_notebook_and_surviv
     """`judging.warm_up`, which a grading run calls before its first notebook: lab 1's machine measurement
     is taken then (into the run's memo the judges read), and where preparing fails the run goes on (the
     judges meet the fault per cell, and say so there)."""
-    from perflab.labs.hidden import mystery
+    from perflab.labs.lab01.judges import mystery
     from perflab.verify import protocol
 
     monkeypatch.setattr(protocol, "once_per_run", getattr(protocol.once_per_run, "__wrapped__", protocol.once_per_run))

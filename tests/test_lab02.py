@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from perflab import workload
-from perflab.labs import lab02, lab02_checks, lab02_measure
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs import lab02
 from perflab.labs.lab02 import DataWait
+from perflab.labs.lab02 import checks as lab02_checks
+from perflab.labs.lab02 import judges as hidden02
+from perflab.labs.lab02 import measure as lab02_measure
 
 LAB = lab02.LAB
 
@@ -232,7 +234,7 @@ def test_inconclusive_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_reference_best_is_what_calibration_times() -> None:
-    from perflab.labs.hidden import lab02 as hidden02
+    from perflab.labs.lab02 import judges as hidden02
     from perflab.verify.calibrate import REFERENCE_CHANGES, baseline_config, graded_in
 
     best = hidden02.reference_best("grade")  # the grader's answer key, never the student's contract
@@ -271,14 +273,14 @@ def kornia_augment(crop, *, scale=(0.6, 1.0), flip=0.5, jitter_p=0.8, hue=0.0, s
 
 
 def augment_problems(make_augment, seed: int) -> list[str]:
-    from perflab.labs import lab02_augment
+    from perflab.labs.lab02 import augment as lab02_augment
 
     case = lab02_augment.augment_case(seed)
     return lab02_augment.augment_problems(lab02_augment.observe_augment(make_augment, case), case)
 
 
 def test_a_kornia_pipeline_passes_on_every_case() -> None:
-    from perflab.labs import lab02_augment
+    from perflab.labs.lab02 import augment as lab02_augment
 
     lab02_augment.check_augment(kornia_augment)
     for seed in (1, 2, 3):
@@ -325,7 +327,7 @@ def test_an_augmentation_that_is_no_kornia_pipeline_or_keeps_a_fixed_draw_fails(
 
 
 def test_a_pipeline_that_moves_the_batch_or_changes_its_type_fails() -> None:
-    from perflab.labs import lab02_augment
+    from perflab.labs.lab02 import augment as lab02_augment
 
     case = lab02_augment.augment_case(6)
     observed = lab02_augment.observe_augment(kornia_augment, case)

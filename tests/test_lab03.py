@@ -11,8 +11,12 @@ import torch
 from torch import nn
 
 from perflab import env
-from perflab.labs import lab03, lab03_census, lab03_checks, lab03_figures, lab03_probes
-from perflab.labs.hidden import lab03 as hidden03
+from perflab.labs import lab03
+from perflab.labs.lab03 import census as lab03_census
+from perflab.labs.lab03 import checks as lab03_checks
+from perflab.labs.lab03 import figures as lab03_figures
+from perflab.labs.lab03 import judges as hidden03
+from perflab.labs.lab03 import probes as lab03_probes
 
 LAB = lab03.LAB
 
@@ -281,7 +285,7 @@ def test_census_of_containers_fails() -> None:
 
 def test_stored_census_is_the_reference_census() -> None:
     """The visible check's stored expectations are what the hidden reference computes with this torch
-    (regenerate with `python -m perflab.labs.hidden.lab03` when this fails after a torch upgrade)."""
+    (regenerate with `python -m perflab.labs.lab03.judges` when this fails after a torch upgrade)."""
     import json
 
     stored = json.loads(lab03_census.CENSUS_FILE.read_text(encoding="utf-8"))
@@ -357,7 +361,7 @@ def test_candidates_and_reference_follow_the_machine(monkeypatch: pytest.MonkeyP
         assert lab03.config_problems(config) == []
     if device == "cpu":
         assert lab03.low_precisions("cpu") == ["bf16"] and "fp16" not in candidates
-    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.lab03 import judges as hidden03
 
     best = hidden03.reference_best("tiny", info)
     assert lab03.config_problems(best, "tiny") == []
@@ -382,7 +386,7 @@ def test_precision_settings_and_scaler_rules() -> None:
 def test_expectation_is_a_calibrated_entry() -> None:
     """The bar is the lab's own reference answer re-measured on the grading machine, on every device: a
     bare autocast is not the answer on a GPU (an H200: bf16 alone 1.06x, with channels_last 1.88x)."""
-    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.lab03 import judges as hidden03
     from perflab.verify import calibrate
 
     assert lab03.expectation_name("cpu") == lab03.expectation_name("cuda") == lab03.EXPECTATION

@@ -17,8 +17,11 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from perflab.counting import restoring_buffers
-from perflab.labs import lab04, lab04_checks, lab04_measure
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs import lab04
+from perflab.labs.lab04 import checks as lab04_checks
+from perflab.labs.lab04 import judges as hidden04
+from perflab.labs.lab04 import measure as lab04_measure
+from perflab.labs.lab04 import probes as lab04_probes
 
 LAB = lab04.LAB
 
@@ -52,7 +55,7 @@ def test_results_hold_memory_rows_and_the_verified_cost(tiny_data) -> None:
     assert choice["activation_bytes"] <= choice["budget_bytes"] < choice["plain_activation_bytes"]
     assert choice["recompute_flops"] == sum(choice["stage_forward_flops"][name] for name in choice["stages"])
     assert set(choice["stage_saving_bytes"]) == set(lab04.STAGES) and 0 < len(choice["stages"]) < len(lab04.STAGES)
-    from perflab.labs import lab06_report
+    from perflab.labs.lab06 import report_inputs as lab06_report
 
     decided = lab06_report.earlier_decisions(run.folder)
     assert decided["checkpoint"] == tuple(choice["stages"]) and decided["found"][LAB] == f"{LAB}.json"
@@ -317,7 +320,7 @@ def test_exported_candidate_trains_like_the_baseline(tiny_data, tmp_path) -> Non
 
 
 def test_calibration_pair_checkpoints_every_stage() -> None:
-    from perflab.labs.hidden import lab04 as hidden04
+    from perflab.labs.lab04 import judges as hidden04
 
     base, cand = hidden04.calibration_pair("tiny")
     assert cand == base.replace(checkpoint_stages=len(lab04.GRADED_STAGES))
@@ -327,7 +330,7 @@ def test_calibration_pair_checkpoints_every_stage() -> None:
 def test_hidden_checks_live_apart_and_the_contract_states_their_tolerances() -> None:
     for name in ("_ReferenceStage", "_reference_checkpoint", "_reference_largest_batch", "JUDGES"):
         assert not hasattr(lab04, name) and hasattr(hidden04, name), name
-    assert set(hidden04.JUDGES) == set(lab04.PROBES) == {
+    assert set(hidden04.JUDGES) == set(lab04_probes.PROBES) == {
         H.nbgrader_meta(c)["grade_id"] for c in H.grade_cells(LAB) if not H.nbgrader_meta(c).get("solution")}
 
 
@@ -403,7 +406,7 @@ def test_a_function_is_judged_from_its_source_in_a_fresh_process() -> None:
 
 @pytest.mark.slow
 def test_every_cheat_at_once_on_a_blank_lab04_earns_nothing_and_is_flagged(tiny_data) -> None:
-    rebind = ("import perflab.grading.probing as _p\nimport perflab.grading.harness as _h\nfrom perflab.labs import lab04 as _l\n"
+    rebind = ("import perflab.grading.probing as _p\nimport perflab.grading.harness as _h\nfrom perflab.labs.lab04 import probes as _l\n"
               "_p.export_source = lambda fn, ns: 'def checkpoint_stages(m, s):\\n    return m\\n'\n"
               "_h.run = lambda *a, **k: None\n_l.PROBES.clear()\n")
     path = H.every_cheat_notebook(LAB, "cheater-all", rebind)  # submitted under the lab's own notebook name
@@ -552,7 +555,7 @@ def choice_mark(choice, mode: str = "tiny"):
     from perflab.grading.judging import Context, judge_cell
     from perflab.grading.probing import run_probes
 
-    observations = run_probes({"checkpoint_choice": lab04.PROBES["checkpoint_choice"]}, {"CHECKPOINT_CHOICE": choice}, 0)
+    observations = run_probes({"checkpoint_choice": lab04_probes.PROBES["checkpoint_choice"]}, {"CHECKPOINT_CHOICE": choice}, 0)
     return judge_cell("checkpoint_choice", hidden04.JUDGES["checkpoint_choice"], Context(LAB, 0, mode, observations))
 
 
@@ -638,7 +641,7 @@ def test_a_notebook_without_a_choice_earns_nothing() -> None:
     from perflab.grading.judging import Context, judge_cell
     from perflab.grading.probing import run_probes
 
-    observations = run_probes({"checkpoint_choice": lab04.PROBES["checkpoint_choice"]}, {}, 0)
+    observations = run_probes({"checkpoint_choice": lab04_probes.PROBES["checkpoint_choice"]}, {}, 0)
     mark = judge_cell("checkpoint_choice", hidden04.JUDGES["checkpoint_choice"], Context(LAB, 0, "tiny", observations))
     assert mark.fraction == 0.0 and "CHECKPOINT_CHOICE" in mark.message, mark.message
 

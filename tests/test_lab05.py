@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from perflab.labs import lab05, lab05_checks
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs import lab05
 from perflab.labs.lab05 import BrokenBlock, CompileTiming
+from perflab.labs.lab05 import checks as lab05_checks
+from perflab.labs.lab05 import judges as hidden05
 
 LAB = lab05.LAB
 
@@ -329,7 +330,7 @@ def test_a_break_even_is_stated_only_from_a_gain_whose_ci_excludes_1() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("cold", [False, True])
 def test_a_fresh_process_times_its_first_calls_with_caches_on_or_off(cold: bool) -> None:
-    from perflab.labs import lab05_dynamo
+    from perflab.labs.lab05 import dynamo as lab05_dynamo
 
     calls = lab05_dynamo.first_calls_in_fresh_process(None, lab05.sizes("tiny").small_kwargs(), cold=cold)
     assert calls["caches_off"] == float(cold)
@@ -337,7 +338,7 @@ def test_a_fresh_process_times_its_first_calls_with_caches_on_or_off(cold: bool)
 
 
 def test_a_failing_fresh_process_says_why() -> None:
-    from perflab.labs import lab05_dynamo
+    from perflab.labs.lab05 import dynamo as lab05_dynamo
 
     with pytest.raises(RuntimeError, match=r"fresh process failed \(exit 1\): RuntimeError: .*negative dimension"):
         lab05_dynamo.first_calls_in_fresh_process(None, {"features": -1}, cold=True)

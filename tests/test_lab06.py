@@ -13,16 +13,13 @@ import numpy as np
 import pytest
 
 from perflab import env, results
-from perflab.labs import (
-    common,
-    lab06,
-    lab06_checks,
-    lab06_measure,
-    lab06_memory,
-    lab06_probes,
-    lab06_report,
-)
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs import common, lab06
+from perflab.labs.lab06 import checks as lab06_checks
+from perflab.labs.lab06 import judges as hidden06
+from perflab.labs.lab06 import measure as lab06_measure
+from perflab.labs.lab06 import memory as lab06_memory
+from perflab.labs.lab06 import probes as lab06_probes
+from perflab.labs.lab06 import report_inputs as lab06_report
 from perflab.workload import TrainConfig
 
 LAB = lab06.LAB
@@ -163,7 +160,7 @@ def test_visible_example_is_against_the_original_baseline() -> None:
 
 def test_stored_rows_are_the_reference_rows(tmp_path) -> None:
     """The visible check's stored rows are what the hidden reference computes (rewrite them with
-    `python -m perflab.labs.hidden.lab06` after a change to the contract or to numpy)."""
+    `python -m perflab.labs.lab06.judges` after a change to the contract or to numpy)."""
     stored = json.loads(lab06_checks.CUMULATIVE_FILE.read_text(encoding="utf-8"))
     assert stored["cases"] == hidden06.visible_cumulative()["cases"]
     path = hidden06.write_visible_cumulative(tmp_path / "rows.json")

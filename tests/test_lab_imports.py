@@ -1,6 +1,6 @@
 """Every name a lab notebook reads from perflab is defined where the notebook reads it.
 
-A notebook's cells read `lab03.parity_problems` or `from perflab.labs.lab06_measure import screen`; no
+A notebook's cells read `lab03.parity_problems` or `from perflab.labs.lab06.measure import screen`; no
 module answers a name that lives elsewhere, so a name moved out of a module while a notebook still reads
 it there fails here (statically, in a second), not in a student's kernel.
 """
@@ -71,12 +71,13 @@ def test_every_name_the_notebook_reads_from_perflab_exists_there(lab: str) -> No
 def test_the_scan_finds_a_name_a_module_lacks() -> None:
     """The detector itself: each way of reading a name, with one its module lacks, is found."""
     source = ("import perflab.labs.lab03 as L3\n"
-              "from perflab.labs import lab06, lab06_measure\n"
+              "from perflab.labs import lab06\n"
+              "from perflab.labs.lab06 import measure as lab06_measure\n"
               "from perflab.labs.lab01 import not_here\n"
               "L3.parity_problems\n"
               "lab06_measure.screen, lab06.screen\n"
               "from perflab import report\n"
               "report.model\n"
               "def f(lab03):\n    return lab03.not_a_module_here\n")
-    assert missing(source) == ["perflab.labs.lab01.not_here (line 3)", "perflab.labs.lab03.parity_problems (line 4)",
-                               "perflab.labs.lab06.screen (line 5)"]
+    assert missing(source) == ["perflab.labs.lab01.not_here (line 4)", "perflab.labs.lab03.parity_problems (line 5)",
+                               "perflab.labs.lab06.screen (line 6)"]

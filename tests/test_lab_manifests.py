@@ -50,7 +50,7 @@ def test_every_topic_the_diagnosis_points_to_is_taught_by_a_lab() -> None:
 
 def _write(folder: Path, text: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / registry.COURSE_MANIFEST_FILE
+    path = folder / registry.PROBES_FILE
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -88,7 +88,7 @@ def test_a_course_lab_in_force_is_read_from_its_folder_wherever_the_core_reads_a
     _write(folder, 'MANIFEST = {"lab": "lab07_extra", "bars": "bars"}\nPROBES = {}\nEXPECTATION = "lab07_extra"\n'
                    'def baseline_config(mode):\n    return ("base", mode)\n'
                    'def bars(mode):\n    return [(EXPECTATION, baseline_config(mode))]\n')
-    (folder / registry.COURSE_JUDGES_FILE).write_text(
+    (folder / f"{registry.JUDGES}.py").write_text(
         'JUDGES = {}\ndef calibration_pair(mode):\n    return ("base", mode), ("candidate", mode)\n', encoding="utf-8")
     assert registry.graded_bars("lab07_extra", "grade") == [] and "lab07_extra" not in calibrate.lab_names()
     with registry.course_labs({"lab07_extra": folder, "lab03_amp": tmp_path / "ignored"}):
@@ -97,3 +97,25 @@ def test_a_course_lab_in_force_is_read_from_its_folder_wherever_the_core_reads_a
         assert registry.grader_side("lab07_extra").calibration_pair("grade")[1] == ("candidate", "grade")
         assert calibrate.lab_pairs("grade")["lab07_extra"] == (("base", "grade"), ("candidate", "grade"))
     assert registry.labs() == registry.manifests() and registry.graded_bars("lab07_extra", "grade") == []
+
+
+def test_the_kits_labs_and_a_courses_are_read_through_the_same_folder_parts(tmp_path: Path) -> None:
+    """One path for every lab: its folder's manifest, `probes` and grader-only `judges` (a file or a
+    package), whether the folder is the kit's (`perflab/labs/labNN/`) or a course's own."""
+    from perflab.grading import harness, judging
+
+    for lab in registry.names():
+        folder = registry.folder(lab)
+        assert folder == registry.KIT / registry.find(lab).key and (folder / "probes.py").is_file()
+        assert set(harness.probes_for(lab)) == set(judging.judges_for(lab)), lab
+    assert registry.grader_only_folders() == [registry.folder(lab) / "judges" for lab in registry.names()]
+
+    course = tmp_path / "lab07_extra"
+    _write(course, 'MANIFEST = {"lab": "lab07_extra"}\nPROBES = {"test_x": lambda answers, seed: 1}\n')
+    (course / "judges").mkdir()
+    (course / "judges" / "__init__.py").write_text('JUDGES = {"test_x": lambda observed, ctx: None}\n', encoding="utf-8")
+    assert registry.folder("lab07_extra") is None and harness.probes_for("lab07_extra", tmp_path) is None
+    with registry.course_labs({"lab07_extra": course}):
+        assert registry.folder("lab07_extra") == course.resolve()
+        assert set(harness.probes_for("lab07_extra")) == set(judging.judges_for("lab07_extra")) == {"test_x"}
+    assert set(judging.judges_for("lab07_extra", course)) == {"test_x"}  # the grader, given the source folder

@@ -7,10 +7,13 @@ import math
 
 import pytest
 
-from perflab.labs import lab02, lab02_probes, lab04, lab05, lab05_probes, predict
-from perflab.labs.hidden import lab02 as hidden02
-from perflab.labs.hidden import lab04 as hidden04
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs import lab02, lab04, lab05, predict
+from perflab.labs.lab02 import judges as hidden02
+from perflab.labs.lab02 import probes as lab02_probes
+from perflab.labs.lab04 import judges as hidden04
+from perflab.labs.lab04 import probes as lab04_probes
+from perflab.labs.lab05 import judges as hidden05
+from perflab.labs.lab05 import probes as lab05_probes
 
 WHY = "the data wait is a third of the step"
 
@@ -57,7 +60,7 @@ def test_beside_prints_the_prediction_next_to_the_measurement() -> None:
 
 
 @pytest.mark.parametrize(("contract", "probes", "hidden"),
-                         [(lab02, lab02_probes, hidden02), (lab04, lab04, hidden04), (lab05, lab05_probes, hidden05)])
+                         [(lab02, lab02_probes, hidden02), (lab04, lab04_probes, hidden04), (lab05, lab05_probes, hidden05)])
 def test_each_prediction_has_a_probe_and_a_judge(contract, probes, hidden) -> None:  # noqa: ANN001 - modules
     for key, (name, why) in contract.PREDICTIONS.items():
         grade_id = f"test_predict_{key}"

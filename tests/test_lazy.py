@@ -13,9 +13,9 @@ import simulated_machine as simulated
 from perflab import env
 from perflab.grading.judging import Context
 from perflab.labs import lab02, lab03, lab06
-from perflab.labs.hidden import lab02 as hidden02
-from perflab.labs.hidden import lab03 as hidden03
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs.lab02 import judges as hidden02
+from perflab.labs.lab03 import judges as hidden03
+from perflab.labs.lab06 import judges as hidden06
 from perflab.verify import load_expectation
 from perflab.workload import TrainConfig
 

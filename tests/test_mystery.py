@@ -16,10 +16,10 @@ import pytest
 from perflab import mystery
 from perflab.grading import judging
 from perflab.grading.probing import run_probes
-from perflab.labs import lab01_mystery
-from perflab.labs.hidden import mystery as judges
-from perflab.labs.hidden import mystery_truth as truths
-from perflab.labs.hidden.mystery_truth import BY_KEY, CATALOGUE
+from perflab.labs.lab01 import mystery as lab01_mystery
+from perflab.labs.lab01.judges import mystery as judges
+from perflab.labs.lab01.judges import mystery_truth as truths
+from perflab.labs.lab01.judges.mystery_truth import BY_KEY, CATALOGUE
 from perflab.mystery import KINDS, TOOLS
 
 LAB = "lab01_measure"
@@ -397,7 +397,7 @@ def test_the_grader_measures_savings_in_a_process_of_its_own_and_a_failed_measur
     import psutil
 
     from perflab.labs import measuring_server
-    from perflab.labs.hidden import savings_server
+    from perflab.labs.lab01.judges import savings_server
 
     judging.warm_up(LAB, "tiny")  # what a grading run does before its first notebook
     judging.warm_up("lab00_fixture")  # a lab whose judges need nothing started: nothing happens
@@ -564,7 +564,7 @@ def test_the_notebooks_saving_and_the_graders_are_measured_in_one_state_whatever
 
     import torch
 
-    from perflab.labs.hidden import savings_server
+    from perflab.labs.lab01.judges import savings_server
 
     student = "dave"
     case = truths.truth(student, "tiny")

@@ -90,7 +90,7 @@ def test_a_typed_in_lab3_comparison_the_grader_contradicts_is_flagged_and_its_de
     from types import SimpleNamespace
 
     from perflab.labs import lab03
-    from perflab.labs.hidden import lab03 as hidden03
+    from perflab.labs.lab03 import judges as hidden03
 
     lab = "lab03_amp"
     honest = H.graded_solution(lab).record

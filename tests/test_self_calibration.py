@@ -190,7 +190,7 @@ def test_an_uncalibrated_machine_grades_lab2s_lazy_student_honestly(tmp_path, mo
     from perflab import demo
     from perflab.grading import collect, sandbox
     from perflab.grading.judging import Context
-    from perflab.labs.hidden import lab02 as hidden02
+    from perflab.labs.lab02 import judges as hidden02
 
     lab = lab02.LAB
     monkeypatch.setenv(expectations.EXPECTATIONS_ENV, str(tmp_path / "no-file-for-this-machine"))

@@ -33,7 +33,7 @@ def test_cpu_calibrates_what_cpu_can_run():
 
 def test_labs_with_their_own_pair_are_calibrated_too():
     from perflab.labs import lab04, lab06
-    from perflab.labs.hidden import lab04 as hidden04
+    from perflab.labs.lab04 import judges as hidden04
 
     names = calibrate.available(None, "cpu")
     assert {lab04.EXPECTATION, lab06.EXPECTATION} <= set(names)
@@ -49,8 +49,8 @@ def test_lab_pairs_are_built_from_the_bars_just_written(tmp_path, monkeypatch):
     reading them from where they were written (also with --out). On an H200 a pair built before lab 3's
     bar existed timed the baseline against itself and left lab 6 "unmeasured"."""
     from perflab.labs import lab03, lab06
-    from perflab.labs.hidden import lab03 as hidden03
-    from perflab.labs.hidden import lab06 as hidden06
+    from perflab.labs.lab03 import judges as hidden03
+    from perflab.labs.lab06 import judges as hidden06
     from perflab.verify import expectations
     from perflab.workload import TrainConfig
 

@@ -30,7 +30,7 @@ HOOK_ATTRS = ("ast_transformers", "input_transformers_post", "input_transformers
 # Environment variables that steer perflab, Python, nbgrader or torch: a notebook has no business setting them.
 WATCHED_ENV = re.compile(r"^(PERFLAB_|PYTHON|NBGRADER_|TORCH)")
 # Paths a notebook reads only to reach what is not its own: the grader's files, the kit's checkout.
-OUTSIDE = re.compile(r"(^|/)\.\.(/|$)|^[/~]|labs/hidden|gradebook|solutions/|autograder|\.git\b|judges\.py|"
+OUTSIDE = re.compile(r"(^|/)\.\.(/|$)|^[/~]|gradebook|solutions/|autograder|\.git\b|\bjudges\b|"
                      r"observations")
 _MAGIC = re.compile(r"^\s*[%!]")
 

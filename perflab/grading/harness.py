@@ -8,15 +8,12 @@ writes. Nothing here is trusted by the grader: the student's code ran in this ke
 have changed anything in it. The grader only reads the observations as data and judges them
 itself (`perflab.grading.judging`).
 
-Where a lab's probes live (`probes_for`): the `PROBES` of `perflab.labs.labNN_probes`, else of its
-contract module `perflab.labs.labNN` (lab02_feed -> perflab.labs.lab02_probes), or, for a course's
-own lab, `PROBES` in a `probes.py` beside the notebook.
+Where a lab's probes live (`probes_for`): `PROBES` in the `probes.py` of the lab's folder
+(lab02_feed -> perflab.labs.lab02.probes; a course's own lab: beside its notebook).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -30,27 +27,14 @@ from perflab.labs import registry
 
 OBSERVATIONS_SCHEMA = "perflab.grading.observations"
 LAB_MODULE = re.compile(r"^(lab\d\d)_")
-PROBES_FILE = registry.COURSE_MANIFEST_FILE  # a course lab's public module
 
 
 def probes_for(lab: str, folder: str | Path | None = None) -> dict[str, Probe] | None:
-    """The lab's probes, or None when the lab has none (perflab then refuses to grade it)."""
-    match = LAB_MODULE.match(lab)
-    if match:
-        for name in (f"perflab.labs.{match.group(1)}_probes", f"perflab.labs.{match.group(1)}"):
-            try:
-                module = importlib.import_module(name)
-            except ModuleNotFoundError as exc:
-                if exc.name != name:
-                    raise
-                continue
-            probes = getattr(module, "PROBES", None)
-            if probes is not None:
-                return dict(probes)
-    path = Path(folder or Path.cwd()) / PROBES_FILE
-    if path.is_file():
-        return dict(registry.load_file(path, f"{lab}_public").PROBES)
-    return None
+    """The lab's probes, or None when the lab has none (perflab then refuses to grade it): the `PROBES`
+    of its folder's `probes` (a course lab's folder: `folder`, else the working folder)."""
+    module = registry.probes(lab, registry.folder(lab) or folder or Path.cwd())
+    probes = getattr(module, "PROBES", None) if module is not None else None
+    return dict(probes) if probes is not None else None
 
 
 def _namespace() -> Mapping[str, Any]:

@@ -1,8 +1,8 @@
 """The grader's side of the grading contract: judge the observations a notebook's probes returned.
 
 Runs in the grading parent, a process that never runs student code. For every autograded cell a
-lab has a judge (grader-only: `JUDGES` in `perflab/labs/hidden/labNN.py`, or in `judges.py` in a
-course lab's source folder):
+lab has a judge (grader-only: `JUDGES` in its lab folder's `judges`, `perflab/labs/labNN/judges/` or
+a course lab's `judges.py`):
 
     def judge_pick_workers(observed: Any, ctx: Context) -> Mark | None:
         for (sweep, tol), got in zip(pick_workers_cases(ctx.seed), observed["picked"]):
@@ -23,8 +23,6 @@ make marks too) and are importable from here as before.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import os
 import re
@@ -41,7 +39,7 @@ from perflab.labs import registry
 log = logging.getLogger(__name__)
 
 LAB_MODULE = re.compile(r"^(lab\d\d)_")
-JUDGES_FILE = registry.COURSE_JUDGES_FILE  # a course lab's grader's side
+JUDGES_FILE = f"{registry.JUDGES}.py"  # a course lab's grader's side
 # Lines of feedback from one judge's message (a long assertion message stays readable).
 MESSAGE_MAX_CHARS = 600
 
@@ -122,37 +120,18 @@ class Context:
 Judge = Callable[[Any, Context], "Mark | None"]
 
 
-# The grader's half of each lab (its judges and its answer key): grader-only, left out of the student
-# bundle and hidden from the grading sandbox.
-HIDDEN_PACKAGE = "perflab.labs.hidden"
-
-
-def hidden_module(lab: str) -> ModuleType | None:
-    """The grader's half of `lab` ("lab06_together" or "lab06"): `perflab.labs.hidden.lab06`, with the
-    lab's judges and its answer key (the reference configurations and decisions, `calibration_pair`);
-    None where this kit has none (a lab without one, or a copy without the grader's side)."""
-    match = LAB_MODULE.match(lab) or re.fullmatch(r"(lab\d\d)", lab)
-    if not match:
-        return None
-    name = f"{HIDDEN_PACKAGE}.{match.group(1)}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (name, HIDDEN_PACKAGE):
-            raise
-        return None
+def hidden_module(lab: str, source_folder: str | Path | None = None) -> ModuleType | None:
+    """The grader's half of `lab` ("lab06_together" or "lab06"): its folder's `judges` (the lab's judges
+    and its answer key: reference configurations and decisions, `calibration_pair`); None where this
+    copy has none (a student's kit, or a sandbox that hides it)."""
+    return registry.grader_side(lab, source_folder)
 
 
 def judges_for(lab: str, source_folder: str | Path | None = None) -> dict[str, Judge] | None:
     """The lab's judges (grader-only), or None when it has none (perflab then refuses to grade it)."""
-    module = hidden_module(lab)
-    if module is not None:
-        judges = getattr(module, "JUDGES", None)
-        if judges is not None:
-            return dict(judges)
-    if source_folder is not None and (Path(source_folder) / JUDGES_FILE).is_file():
-        return dict(registry.load_file(Path(source_folder) / JUDGES_FILE, f"{lab}_judges").JUDGES)
-    return None
+    module = hidden_module(lab, source_folder)
+    judges = getattr(module, "JUDGES", None) if module is not None else None
+    return dict(judges) if judges is not None else None
 
 
 def warm_up(lab: str, mode: str = "grade") -> None:

@@ -64,7 +64,6 @@ from perflab.grading.merge import (
 )
 from perflab.grading.result import Job, LabInfo, SubmissionResult, failure_result
 from perflab.grading.run import (
-    GRADER_ONLY_PACKAGE,
     PUBLIC_ENTRIES,
     REPO,
     Unisolated,
@@ -89,7 +88,7 @@ from perflab.workload import check_model
 
 # What this module offers: its own workflow, and the stages' names it has always offered.
 __all__ = [
-    "BUNDLE_NAME", "COURSE_DIR", "CORES_PER_JOB", "GRADER_ONLY_PACKAGE", "LIBRARY_CALLBACKS", "MIN_CORES_FOR_POOL",
+    "BUNDLE_NAME", "COURSE_DIR", "CORES_PER_JOB", "LIBRARY_CALLBACKS", "MIN_CORES_FOR_POOL",
     "NOT_RENDERED", "PUBLIC_ENTRIES", "REPO", "RESULTS_FILE_NAME", "SECRET_MARKERS", "SOLUTIONS_DIR",
     "FeedbackRun", "Job", "LabInfo", "NoJudges", "Settings", "Summary", "Unisolated",
     "build_data", "check_isolation", "data_sizes", "default_jobs", "failure_result", "feedback", "feedback_notebook",

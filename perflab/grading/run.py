@@ -24,12 +24,12 @@ from typing import Any
 from perflab.grading import sandbox
 from perflab.grading.job import Settings
 from perflab.grading.workfolders import work_folder
+from perflab.labs import registry
 
 REPO = Path(__file__).resolve().parents[2]
 # Folders of the kit a graded notebook may read: the package (less its grader-only part), the data
 # sets, the released labs and the environment. Everything else in the checkout is hidden from the sandbox.
 PUBLIC_ENTRIES = frozenset({"perflab", "datasets", "labs", ".venv", "venv", ".whl"})
-GRADER_ONLY_PACKAGE = REPO / "perflab" / "labs" / "hidden"
 
 
 class Unisolated(ValueError):
@@ -52,7 +52,7 @@ def grader_only_paths(repo: Path = REPO) -> list[Path]:
     """Folders of the checkout the sandbox must not see: the grader-only judges, the solutions, the
     expectations and course folders, the tests, the git history, and any other folder of the kit."""
     keep = [Path(sys.prefix).resolve(), *(Path(p).resolve() for p in sandbox.data_folders())]
-    out = [GRADER_ONLY_PACKAGE] if GRADER_ONLY_PACKAGE.is_dir() else []
+    out = registry.grader_only_folders()
     for child in sorted(Path(repo).iterdir()):
         if not child.is_dir() or child.is_symlink() or child.name in PUBLIC_ENTRIES:
             continue

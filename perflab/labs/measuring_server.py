@@ -2,7 +2,7 @@
 run no torch op: the notebook's `lab01_mystery.savings` and the grader's savings judge both measure
 here, so a student's reading and the grader's are taken in the same state.
 
-    value = call("perflab.labs.lab01_mystery:savings_here", {"planted": ..., "fixed": [...]}, timeout_s)
+    value = call("perflab.labs.lab01.mystery:savings_here", {"planted": ..., "fixed": [...]}, timeout_s)
     warm_up()                                   # start the server now, without waiting
 
 Why a process of its own: what a process did before a measurement changes the measurement. A kernel

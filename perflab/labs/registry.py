@@ -1,19 +1,22 @@
-"""The labs of the kit, in course order, as their manifests declare them.
+"""The labs of a course, in course order, each read from its folder.
 
-    registry.manifests()            every `perflab/labs/labNN.py` contract's MANIFEST, in order
+    registry.manifests()            the kit's labs: each `perflab/labs/labNN/` folder's MANIFEST, in order
     registry.manifest("lab03_amp")  one lab's (by name or key, "lab03"); a course lab's from its folder
     registry.graded_bars(lab, mode) its cells re-measured against a calibrated bar
     with registry.course_labs({"lab07_x": folder}):   a course's own labs, read from their folders
         registry.labs()             the kit's labs, then the course's own
 
-A manifest is read from the contract's source (`ast.literal_eval` of its `MANIFEST = {...}`), never by
-importing it: env reads workloads before anything else is imported, and the report imports no torch.
-Only `contract` and `graded_bars` import a lab's contract, when called.
+Every lab is a folder of the same shape, the kit's six (`perflab/labs/labNN/`) and a course's own
+(beside its source notebook):
 
-A course's own lab is a folder beside the kit's (its notebook, `probes.py`, `judges.py`): `probes.py` is
-its public module (PROBES, its MANIFEST, and where it has a bar, EXPECTATION, `baseline_config(mode)`
-and the `bars` function its manifest names), `judges.py` its grader's side (JUDGES, `calibration_pair`).
-A grading run puts the labs it grades in force (`course_labs`), so that the core (calibration,
+    __init__.py or probes.py   its public module, assigning MANIFEST (a dict literal: data)
+    probes.py                  PROBES: what the grader reads from a notebook after each graded cell
+    judges.py or judges/       grader-only: JUDGES and the answer key (`calibration_pair`); left out of
+                               the student bundle and hidden from the grading sandbox
+
+A manifest is read from the source (`ast.literal_eval` of its `MANIFEST = {...}`), never by importing
+it: env reads workloads before anything else is imported, and the report imports no torch. A grading
+run puts the course labs it grades in force (`course_labs`), so that the core (calibration,
 self-calibration, the bars it reports) reads a seventh lab as it reads the kit's six.
 """
 
@@ -24,7 +27,6 @@ import contextlib
 import functools
 import importlib
 import importlib.util
-import pkgutil
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -34,11 +36,12 @@ from typing import Any
 from perflab.labs.manifest import LabManifest
 
 PACKAGE = "perflab.labs"
-CONTRACT = re.compile(r"lab\d\d")
-# A course's own lab keeps its manifest, like its probes, in this file beside its source notebook.
-COURSE_MANIFEST_FILE = "probes.py"
-# Its grader's side (judges, calibration pair), never released to students (`perflab.grading.judging`).
-COURSE_JUDGES_FILE = "judges.py"
+KIT = Path(__file__).resolve().parent  # the kit's labs' folders: KIT / "labNN"
+KEY = re.compile(r"lab\d\d")
+# The files of a lab folder: where its MANIFEST is (the first that exists), its probes, its grader's side.
+MANIFEST_FILES = ("__init__.py", "probes.py")
+PROBES_FILE = "probes.py"
+JUDGES = "judges"  # judges.py, or a judges/ package
 # The course's own labs in force ({lab: its source folder}): see `course_labs`.
 _COURSE_LABS: dict[str, Path] = {}
 
@@ -58,19 +61,22 @@ def read(path: Path) -> LabManifest | None:
     return None
 
 
+def _manifest_in(folder: Path) -> LabManifest | None:
+    path = next((folder / f for f in MANIFEST_FILES if (folder / f).is_file()), None)
+    return read(path) if path is not None else None
+
+
 @functools.cache
 def manifests() -> tuple[LabManifest, ...]:
-    """Every lab of the kit, in course order: the MANIFEST of each `perflab/labs/labNN.py`."""
-    folder = Path(__file__).resolve().parent
+    """Every lab of the kit, in course order: the MANIFEST of each `perflab/labs/labNN/` folder."""
     found = []
-    for info in sorted(pkgutil.iter_modules([str(folder)]), key=lambda i: i.name):
-        if CONTRACT.fullmatch(info.name):
-            manifest = read(folder / f"{info.name}.py")
-            if manifest is None:
-                raise ValueError(f"{folder / info.name}.py: a lab contract without a MANIFEST")
-            if manifest.key != info.name:
-                raise ValueError(f"{folder / info.name}.py: MANIFEST names lab {manifest.lab!r}, not a {info.name}")
-            found.append(manifest)
+    for folder in sorted(p for p in KIT.iterdir() if p.is_dir() and KEY.fullmatch(p.name)):
+        manifest = _manifest_in(folder)
+        if manifest is None:
+            raise ValueError(f"{folder}: a lab folder without a MANIFEST")
+        if manifest.key != folder.name:
+            raise ValueError(f"{folder}: MANIFEST names lab {manifest.lab!r}, not a {folder.name}")
+        found.append(manifest)
     return tuple(found)
 
 
@@ -102,36 +108,68 @@ def labs() -> tuple[LabManifest, ...]:
     return (*manifests(), *(manifest(lab) for lab in sorted(_COURSE_LABS)))
 
 
-def manifest(lab: str, folder: str | Path | None = None) -> LabManifest:
-    """`lab`'s manifest: the kit's, else the MANIFEST of the course lab's `probes.py` in `folder` (its
-    source folder; default: its folder where it is in force), else a bare one (no workloads of its own,
-    no bar, no report role)."""
+def folder(lab: str) -> Path | None:
+    """`lab`'s folder: the kit's `perflab/labs/labNN/`, or a course lab's source folder where it is in force."""
+    found = find(lab)
+    return KIT / found.key if found is not None else _COURSE_LABS.get(lab)
+
+
+def manifest(lab: str, source: str | Path | None = None) -> LabManifest:
+    """`lab`'s manifest: the kit's, else the MANIFEST of the course lab's folder (`source`; default: its
+    folder where it is in force), else a bare one (no workloads of its own, no bar, no report role)."""
     found = find(lab)
     if found is not None:
         return found
-    folder = folder if folder is not None else _COURSE_LABS.get(lab)
-    path = Path(folder) / COURSE_MANIFEST_FILE if folder is not None else None
-    course = read(path) if path is not None and path.is_file() else None
+    source = source if source is not None else _COURSE_LABS.get(lab)
+    course = _manifest_in(Path(source)) if source is not None else None
     if course is not None and course.lab != lab:
-        raise ValueError(f"{path}: MANIFEST names lab {course.lab!r}, not {lab!r}")
+        raise ValueError(f"{source}: MANIFEST names lab {course.lab!r}, not {lab!r}")
     return course or LabManifest(lab=lab)
 
 
+def _part(lab: str, part: str, source: str | Path | None = None) -> ModuleType | None:
+    """Module `part` ("probes", "judges", "" for the public module) of `lab`'s folder, imported now; None
+    where the folder has none. The kit's are imported as `perflab.labs.labNN.<part>`; a course lab's
+    files are loaded from its folder (`source`, else its folder in force)."""
+    found = find(lab)
+    if found is not None:
+        name = ".".join(filter(None, (PACKAGE, found.key, part)))
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            return None
+    where = Path(source) if source is not None else _COURSE_LABS.get(lab)
+    if where is None:
+        return None
+    paths = [where / f"{part}.py", where / part / "__init__.py"] if part else [where / PROBES_FILE]
+    path = next((p for p in paths if p.is_file()), None)
+    return load_file(path, f"{lab}_{part or 'public'}") if path is not None else None
+
+
 def contract(lab: LabManifest) -> ModuleType:
-    """The lab's public module, imported now: the kit's contract (`perflab.labs.labNN`), or a course lab's
-    `probes.py` where it is in force."""
-    folder = _COURSE_LABS.get(lab.lab)
-    if folder is not None:
-        return load_file(folder / COURSE_MANIFEST_FILE, f"{lab.lab}_public")
-    return importlib.import_module(f"{PACKAGE}.{lab.key}")
+    """The lab's public module, imported now: the kit's `perflab.labs.labNN`, a course lab's `probes.py`."""
+    module = _part(lab.lab, "")
+    if module is None:
+        raise ImportError(f"{lab.lab}: no public module (probes.py) in its folder")
+    return module
 
 
-def grader_side(lab: str) -> ModuleType | None:
-    """A course lab's grader's side (its `judges.py`) where it is in force and has one; else None (the kit's
-    labs keep theirs in the grader-only `hidden` subpackage, which `perflab.grading.judging` reads)."""
-    folder = _COURSE_LABS.get(lab)
-    path = folder / COURSE_JUDGES_FILE if folder is not None else None
-    return load_file(path, f"{lab}_judges") if path is not None and path.is_file() else None
+def probes(lab: str, source: str | Path | None = None) -> ModuleType | None:
+    """The lab's probes module (PROBES); None where it has none."""
+    return _part(lab, "probes", source)
+
+
+def grader_side(lab: str, source: str | Path | None = None) -> ModuleType | None:
+    """The lab's grader-only module (JUDGES, its answer key); None where this copy has none (a student's kit)."""
+    return _part(lab, JUDGES, source)
+
+
+def grader_only_folders() -> list[Path]:
+    """The kit's folders a student never sees: each lab's `judges/` (the bundle leaves them out, the
+    sandbox hides them)."""
+    return sorted(p for p in KIT.glob(f"lab[0-9][0-9]/{JUDGES}") if p.is_dir())
 
 
 @functools.cache

@@ -43,7 +43,7 @@ REFERENCE_CHANGES: dict[str, dict[str, Any]] = {
 
 
 # What `perflab calibrate` says where the grader's side is not there (a student's kit).
-NO_GRADER_SIDE = ("calibration is the instructor's: the grader's side of the labs (perflab/labs/hidden, "
+NO_GRADER_SIDE = ("calibration is the instructor's: the grader's side of the labs (each lab's judges/, "
                   "with each lab's reference answer) is not in this kit")
 
 

@@ -32,7 +32,7 @@
 # | — | written analysis (graded by hand) | three answers | 17 <!-- answer_timing answer_profilers answer_bottleneck --> |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
-# `perflab/labs/lab01.py`: its signature, what goes in, what must come out. The visible tests below
+# `perflab/labs/lab01/__init__.py`: its signature, what goes in, what must come out. The visible tests below
 # call that module's checks with your functions, so you can read what they check; the hidden ones,
 # which run when your notebook is graded, hold your functions to the same contract on random inputs.
 #
@@ -72,8 +72,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, record_function
 
 from perflab import counting, dataset, env, memory, mystery, phases, roofline, timing, workload
-from perflab.labs import common, lab01, lab01_checks
-from perflab.labs import lab01_mystery
+from perflab.labs import common, lab01
+from perflab.labs.lab01 import checks as lab01_checks
+from perflab.labs.lab01 import mystery as lab01_mystery
 from perflab.labs.lab01 import FakeDevice
 
 common.setup_notebook()
@@ -106,7 +107,7 @@ print(common.hardware_statement(LAB))
 #    **p99**, and the **spread** (interquartile range over the median) so a reader sees how noisy the
 #    machine was. `torch.utils.benchmark` warns when the spread passes 10%.
 #
-# Write `time_callable` (contract: `perflab/labs/lab01.py`). Take `clock` and `sync` as arguments
+# Write `time_callable` (contract: `perflab/labs/lab01/__init__.py`). Take `clock` and `sync` as arguments
 # rather than calling `time.perf_counter` and `torch.cuda.synchronize` directly: that makes your timer
 # testable with a *fake* device whose clock and queue we control exactly (`FakeDevice` below), and
 # usable on any device.
@@ -155,7 +156,7 @@ print("visible tests passed:", {k: round(v, 6) for k, v in result.items() if k !
 # %% nbgrader={"grade": true, "grade_id": "time_callable_hidden", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random warm-ups, repeats and durations on the fake device, and bad arguments.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("time_callable_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -307,14 +308,14 @@ print("visible tests passed")
 # Hidden tests: random convolutions (strides, padding, dilation, groups, bias) and linear layers,
 # each compared with what FlopCounterMode counts; parameter counts against the real tensors.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("counting_hidden_layers", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "counting_hidden_model", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: ResNet-18 with a random number of classes at a random input size, and a small CNN.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("counting_hidden_model", globals())
 ### END HIDDEN TESTS
 
@@ -424,7 +425,7 @@ print("visible tests passed:", budget)
 # Hidden tests: random CNNs with BatchNorm and frozen layers, SGD, SGD with momentum and Adam,
 # against perflab.memory's measurement (the optimizer state from a real step).
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("memory_budget_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -615,7 +616,7 @@ print(f"the leak allocates at line {lineno}: {leak_source[lineno - leak_first].s
 # %% nbgrader={"grade": true, "grade_id": "find_leak_hidden", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: functions you have not seen, each keeping what one of its lines allocates.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("find_leak_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -739,7 +740,7 @@ print("visible tests passed; label events in the trace:", label_counts)
 # %% nbgrader={"grade": true, "grade_id": "profile_training_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: your profile_training on the grading machine with a random number of active steps.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("profile_training_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -826,7 +827,7 @@ print("visible tests passed")
 # %% nbgrader={"grade": true, "grade_id": "roofline_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random convolutions at 2 and 4 bytes per element; random layers on random devices.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("roofline_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -923,7 +924,7 @@ print("visible tests passed")
 # %% nbgrader={"grade": true, "grade_id": "bottleneck_rule_hidden", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random phase times and layers, away from the thresholds.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("bottleneck_rule_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -931,7 +932,7 @@ hidden01.check("bottleneck_rule_hidden", globals())
 # Hidden tests: the autograder measures this lab's training step on the grading machine and checks your
 # verdict on its numbers against its own.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("bottleneck_here", globals())
 ### END HIDDEN TESTS
 
@@ -998,7 +999,7 @@ print(verdict)
 #
 # Work as the course teaches, in four phases: the **baseline** (time a step), the **bottleneck type**
 # (data, host-device sync, compute or memory), the **component** (which function), the **operation**
-# (which line). Then fix a copy, and prove the fix. The contract (`perflab/labs/lab01_mystery.py`):
+# (which line). Then fix a copy, and prove the fix. The contract (`perflab/labs/lab01/mystery.py`):
 #
 # * `TRACE_FILE` and `TRACE_ANSWERS`: numbers you read off your pipeline's torch.profiler trace — **4
 #   points**. The grader parses the same file and checks each answer.
@@ -1086,7 +1087,7 @@ print(TRACE_ANSWERS)
 lab01_mystery.check_trace_answers(TRACE_ANSWERS)
 print("TRACE_ANSWERS has the form the grader reads")
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("mystery_trace", globals())
 ### END HIDDEN TESTS
 
@@ -1258,7 +1259,7 @@ for finding in DIAGNOSIS:
 lab01_mystery.check_diagnosis(DIAGNOSIS, PIPELINE)
 print(f"{len(DIAGNOSIS)} finding(s) in the form the grader reads")
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("mystery_diagnosis", globals())
 ### END HIDDEN TESTS
 
@@ -1280,7 +1281,7 @@ print(f"your fixed pipeline: {FIX_SPEEDUP}x the planted one, by your measurement
 losses = lab01_mystery.check_fixed(FIXED_PIPELINE, PIPELINE)
 print(f"same losses as the planted pipeline over {len(losses)} steps; the grader re-measures the speedup")
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab01 as hidden01
+from perflab.labs.lab01 import judges as hidden01
 hidden01.check("mystery_fix", globals())
 ### END HIDDEN TESTS
 

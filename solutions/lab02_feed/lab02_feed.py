@@ -21,7 +21,7 @@
 # You will measure before you change anything, and you will believe a speedup only once the
 # autograder has re-measured it in a fresh process.
 #
-# **What you write** (the contract, also in `perflab/labs/lab02.py`; the tests call nothing else):
+# **What you write** (the contract, also in `perflab/labs/lab02/__init__.py`; the tests call nothing else):
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
@@ -65,7 +65,8 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, phases, timing, workload
-from perflab.labs import common, lab02, lab02_checks, lab02_measure, predict
+from perflab.labs import common, lab02, predict
+from perflab.labs.lab02 import checks as lab02_checks, measure as lab02_measure
 from perflab.labs.lab02 import DataWait
 
 # torch warns when a loader asks for more workers than the machine has cores. This lab does that on
@@ -154,7 +155,7 @@ print("make_loader: every sample exactly once per epoch, ragged last batch kept"
 # %% nbgrader={"grade": true, "grade_id": "test_make_loader_random", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random data set sizes, batch sizes (a ragged last batch) and worker counts, and the options.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_make_loader_random", globals())
 ### END HIDDEN TESTS
 print("make_loader: randomised sizes, batches and worker counts")
@@ -164,7 +165,7 @@ print("make_loader: randomised sizes, batches and worker counts")
 problems = lab02_checks.order_problems(make_loader, 24, 5, seed=3, workers=(2,))
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_make_loader_order", globals())
 ### END HIDDEN TESTS
 print("make_loader: same shuffled order for every loader setting")
@@ -234,7 +235,7 @@ print(result.describe())
 # %% nbgrader={"grade": true, "grade_id": "test_measure_data_wait_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random scripted loaders on a fake clock, the errors, and the real wall clock.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_measure_data_wait_hidden", globals())
 ### END HIDDEN TESTS
 print("measure_data_wait: exact against a scripted clock")
@@ -307,7 +308,7 @@ WHY_WORKERS = "the data wait is a large share of the step and the model trains o
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_WORKERS", PREDICT_WORKERS, "WHY_WORKERS", WHY_WORKERS)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_predict_workers", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_WORKERS =", PREDICT_WORKERS)
@@ -413,7 +414,7 @@ assert pick_workers({0: 100.0, 1: 180.0, 2: 200.0, 4: 205.0}) == 2
 assert pick_workers({0: 100.0, 1: 99.0, 2: 60.0}) == 0
 assert pick_workers({4: 50.0, 2: 50.0}) == 2
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_pick_workers", globals())
 ### END HIDDEN TESTS
 print("pick_workers: visible tests passed")
@@ -442,7 +443,7 @@ WHY_CROWDED = "torch's threads now take every core, so workers only take turns w
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_CROWDED", PREDICT_CROWDED, "WHY_CROWDED", WHY_CROWDED)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_predict_crowded", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_CROWDED =", PREDICT_CROWDED)
@@ -609,7 +610,7 @@ print(f"prefetch_factor kept: {CHOSEN_PREFETCH}")
 # (`perflab.device_augment`, which defines the constants). Every image draws its own crop, flip and
 # factors, and every call draws anew. The tests feed it pictures whose pixels say where they came from
 # (colour ramps) and flat colours, and read each image's flip, crop and colour factors back from what it
-# returns (`perflab.labs.lab02_augment`).
+# returns (`perflab.labs.lab02.augment`).
 
 # %%
 import itertools
@@ -618,7 +619,7 @@ import kornia.augmentation as K
 
 from perflab.dataset import MEAN, STD
 from perflab.device_augment import CROP_RATIO, CROP_SCALE, FLIP_P, JITTER, JITTER_P, DeviceAugment
-from perflab.labs import lab02_augment
+from perflab.labs.lab02 import augment as lab02_augment
 
 
 # %% nbgrader={"grade": false, "grade_id": "make_augment", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -643,7 +644,7 @@ print(f"make_augment: a crop, flip and colour jitter of its own for every image,
 # %% nbgrader={"grade": true, "grade_id": "test_make_augment_hidden", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: pictures of other sizes (not always square), other ramps and colours, another crop size.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_make_augment_hidden", globals())
 ### END HIDDEN TESTS
 print("make_augment: randomised pictures, crops and colours")
@@ -672,7 +673,7 @@ WHY_AUGMENT = "kornia crops image by image while the kit samples the whole batch
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_AUGMENT", PREDICT_AUGMENT, "WHY_AUGMENT", WHY_AUGMENT)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab02 as hidden02
+from perflab.labs.lab02 import judges as hidden02
 hidden02.check("test_predict_augment", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_AUGMENT =", PREDICT_AUGMENT)

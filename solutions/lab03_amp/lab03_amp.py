@@ -24,7 +24,7 @@
 # machine**. The grader re-measures your choice in a fresh process and holds it to what this hardware
 # can give; it never expects a number the machine cannot give.
 #
-# **What you write** (the contract, also in `perflab/labs/lab03.py`; the tests call nothing else):
+# **What you write** (the contract, also in `perflab/labs/lab03/__init__.py`; the tests call nothing else):
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
@@ -62,7 +62,8 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, workload
-from perflab.labs import common, lab03, lab03_census, lab03_checks, lab03_figures, predict
+from perflab.labs import common, lab03, predict
+from perflab.labs.lab03 import census as lab03_census, checks as lab03_checks, figures as lab03_figures
 from perflab.verify import load_expectation
 
 common.setup_notebook()
@@ -148,7 +149,7 @@ if DEVICE.type != "cuda":
 # for it, slowly): the tests use it on small networks to check your scaler logic, and the timings
 # never use it. On a GPU you will see the scaler at work in section 4.
 #
-# Write `amp_train_step` (contract: `perflab/labs/lab03.py`):
+# Write `amp_train_step` (contract: `perflab/labs/lab03/__init__.py`):
 #
 # * forward pass and `nn.functional.cross_entropy` under `torch.autocast(device_type=images.device.type,
 #   dtype=dtype)`; for `dtype=torch.float32` no autocast at all;
@@ -179,7 +180,7 @@ def amp_train_step(model, optimizer, images, labels, *, dtype, scaler=None):
 
 
 # %% [markdown]
-# The checks (in `perflab/labs/lab03_checks.py`) build small random CNNs (`Problem`), run a few
+# The checks (in `perflab/labs/lab03/checks.py`) build small random CNNs (`Problem`), run a few
 # fixed-seed steps in FP32 with a plain reference step and in each precision with yours, and compare:
 # the first step's loss may differ by rounding only, later ones by the drift rounding causes
 # (`FIRST_STEP_RTOL`, `TRAJECTORY_RTOL`). Forward hooks on the convolutions and linear layers check
@@ -195,7 +196,7 @@ print("amp_train_step: losses follow FP32 at every precision; convolutions compu
 # Hidden tests: random problems (shapes, widths on and off multiples of 8, seeds) at every precision,
 # on every device this machine has.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab03 as hidden03
+from perflab.labs.lab03 import judges as hidden03
 hidden03.check("test_amp_step_hidden", globals())
 ### END HIDDEN TESTS
 print("amp_train_step: random problems pass")
@@ -206,7 +207,7 @@ print("amp_train_step: random problems pass")
 problems = lab03_checks.scaler_problems(amp_train_step, 11)
 assert not problems, problems[0]
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab03 as hidden03
+from perflab.labs.lab03 import judges as hidden03
 hidden03.check("test_amp_step_scaler", globals())
 ### END HIDDEN TESTS
 print("amp_train_step: the GradScaler scales, unscales, skips overflowing steps and adapts its scale")
@@ -281,7 +282,7 @@ print("dtype_census: every leaf module call and the loss counted; hooks removed,
 # %% nbgrader={"grade": true, "grade_id": "test_census_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random networks (extra pooling, GELU, dropout layers), every precision, and ResNet-18.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab03 as hidden03
+from perflab.labs.lab03 import judges as hidden03
 hidden03.check("test_census_hidden", globals())
 ### END HIDDEN TESTS
 print("dtype_census: random networks and ResNet-18 pass")
@@ -392,7 +393,7 @@ WHY_AMP = "the convolutions run in bf16 where the matmul timings showed a gain, 
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_AMP", PREDICT_AMP, "WHY_AMP", WHY_AMP)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab03 as hidden03
+from perflab.labs.lab03 import judges as hidden03
 hidden03.check("test_predict_amp", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_AMP =", PREDICT_AMP)

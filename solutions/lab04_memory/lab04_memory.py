@@ -33,7 +33,7 @@
 # | — | written analysis (graded by hand) | four answers | 20 <!-- answer_memory_model answer_cost answer_budget answer_accumulation --> |
 #
 # **The contract.** Every function you write is specified in one place, the docstring of
-# `perflab/labs/lab04.py`: its signature, what goes in, what must come out, and the memory model the
+# `perflab/labs/lab04/__init__.py`: its signature, what goes in, what must come out, and the memory model the
 # budget search is graded against. The visible tests below check your functions on a few cases; the
 # hidden ones, which run when your notebook is graded, hold them to the same contract on random
 # models, shapes and budgets.
@@ -74,7 +74,8 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: F4
 
 from perflab import dataset, env, memory, timing, workload
 from perflab.counting import restoring_buffers
-from perflab.labs import common, lab04, lab04_measure, predict
+from perflab.labs import common, lab04, predict
+from perflab.labs.lab04 import measure as lab04_measure
 
 common.setup_notebook()
 LAB = lab04.LAB
@@ -192,7 +193,7 @@ print(f"running_mean differs by up to {float((bn_naive.running_mean - bn_plain.r
 # restores the stage's buffers when it ends (`perflab.counting.restoring_buffers(stage)` does exactly
 # that) leaves them as the one real forward pass set them.
 #
-# Write `checkpoint_stages(model, stages)` (contract: `perflab/labs/lab04.py`): wrap each named stage
+# Write `checkpoint_stages(model, stages)` (contract: `perflab/labs/lab04/__init__.py`): wrap each named stage
 # in place and return the model. If you define helper classes or functions, list them in
 # `CHECKPOINT_HELPERS`: part 5 exports them with your function so the autograder can time it in a
 # fresh process (the export file starts with this notebook's imports).
@@ -251,7 +252,7 @@ print("visible tests passed")
 # Hidden tests: ResNet-18 with random stages, classes and input sizes, and a small CNN whose first
 # stage takes the raw input; outputs, gradients, and saved bytes against the reference's saving.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("checkpoint_hidden", globals())
 ### END HIDDEN TESTS
 
@@ -262,7 +263,7 @@ for (name, b), c in zip(plain_v.named_buffers(), ckpt_v.buffers(), strict=True):
         f"{name}: {'counted twice' if 'num_batches' in name else 'updated again by the recomputed forward'}"
 print("BatchNorm statistics match the plain model's")
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("checkpoint_batchnorm", globals())
 ### END HIDDEN TESTS
 
@@ -337,7 +338,7 @@ print(f"checkpointing {', '.join(CHECKPOINT_CHOICE) or 'no stage'}: {memory.form
       f"{'fits' if CHOICE_ACTIVATIONS <= ACTIVATION_BUDGET else 'does NOT fit'}; recomputes "
       f"{CHOICE_FLOPS / 1e9:.3f} GFLOP")
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("checkpoint_choice", globals())
 ### END HIDDEN TESTS
 
@@ -409,7 +410,7 @@ MEMORY_ROWS = [{"batch_size": int(b), "bytes": int(PLAIN.static_bytes + acts[b])
 # longer fits, then **bisect** between the last batch that fitted and the first that did not: you
 # never probe more than twice the answer, and you need about 2·log₂(answer) probes.
 #
-# Write `largest_batch(budget_bytes, memory_of, max_batch=4096)` (contract: `perflab/labs/lab04.py`).
+# Write `largest_batch(budget_bytes, memory_of, max_batch=4096)` (contract: `perflab/labs/lab04/__init__.py`).
 # `memory_of(b)` is any non-decreasing function: the tests use straight lines, allocator-like steps
 # and plateaus, and the lab's memory model of ResNet-18 with hidden budgets.
 
@@ -464,14 +465,14 @@ print("visible tests passed; probes for the answer 37:", probes[:lab04.max_calls
 # Hidden tests: random straight lines, allocator steps and plateaus, budgets below, between, on and
 # above the values; the probes you make; bad arguments.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("largest_batch_hidden", globals())
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "largest_batch_model", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: hidden budgets on the reference's memory model of ResNet-18, plain and checkpointed.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("largest_batch_model", globals())
 ### END HIDDEN TESTS
 
@@ -531,7 +532,7 @@ WHY_COST = "backward does about twice the forward's work, and checkpointing ever
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_COST", PREDICT_COST, "WHY_COST", WHY_COST)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("test_predict_cost", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_COST =", PREDICT_COST)
@@ -576,7 +577,7 @@ assert lab04.accepted(VERDICT.outcome), f"{VERDICT.outcome}: {VERDICT.reason}"
 # time. Mind the weight when the last micro-batch is smaller, and clear stale gradients first.
 #
 # Write `accumulate_gradients(model, inputs, targets, micro_batch_size)` (contract:
-# `perflab/labs/lab04.py`).
+# `perflab/labs/lab04/__init__.py`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulate_gradients", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def accumulate_gradients(model, inputs, targets, micro_batch_size):
@@ -615,7 +616,7 @@ print("visible tests passed")
 # and micro-batch sizes (uneven last micro-batch, one sample, the whole batch, more than the batch),
 # stale gradients, the micro-batches the model actually saw, the mode kept, bad arguments.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab04 as hidden04
+from perflab.labs.lab04 import judges as hidden04
 hidden04.check("accumulate_hidden", globals())
 ### END HIDDEN TESTS
 

@@ -31,7 +31,7 @@
 # are short, and compiles ResNet-18 only in `full` mode on a GPU; whether compiling pays on your
 # machine is what you will measure.
 #
-# **What you write** (the contract, also in `perflab/labs/lab05.py`; the tests call nothing else):
+# **What you write** (the contract, also in `perflab/labs/lab05/__init__.py`; the tests call nothing else):
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
@@ -75,8 +75,9 @@ import torch
 from torch import nn
 
 from perflab import dataset, env, timing, workload
-from perflab.labs import common, lab05, lab05_checks, predict
-from perflab.labs import lab05_dynamo
+from perflab.labs import common, lab05, predict
+from perflab.labs.lab05 import checks as lab05_checks
+from perflab.labs.lab05 import dynamo as lab05_dynamo
 from perflab.labs.lab05 import BrokenBlock, CompileTiming, CountingBackend
 
 common.setup_notebook()
@@ -188,7 +189,7 @@ for line, reason in found:
 # %% nbgrader={"grade": true, "grade_id": "test_graph_breaks_hidden", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: functions you have not seen (one break, two, none, prints), on random shapes.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_graph_breaks_hidden", globals())
 ### END HIDDEN TESTS
 print("graph_breaks: the lines dynamo broke at")
@@ -251,7 +252,7 @@ print("FixedBlock: zero graph breaks, BrokenBlock's outputs on both branches")
 # %% nbgrader={"grade": true, "grade_id": "test_fixed_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random widths, batches and scales, both branches; explain must find zero breaks.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_fixed_hidden", globals())
 ### END HIDDEN TESTS
 print("FixedBlock: zero graph breaks on random inputs")
@@ -326,7 +327,7 @@ print(result.describe())
 # Hidden tests: random scripted costs and step counts, bad arguments, and a reset before building
 # (an already-compiled function measured twice must be compiled twice).
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_measure_compile_hidden", globals())
 ### END HIDDEN TESTS
 print("measure_compile: exact against a scripted clock, resets dynamo")
@@ -361,7 +362,7 @@ WHY_BREAK_EVEN = "on a CPU the matmuls already run in BLAS and fusion saves litt
 # Graded on being written (a number of steps, math.inf for never, and a line of why), never on being right.
 predict.check("PREDICT_BREAK_EVEN", PREDICT_BREAK_EVEN, "WHY_BREAK_EVEN", WHY_BREAK_EVEN)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_predict_break_even", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_BREAK_EVEN =", PREDICT_BREAK_EVEN)
@@ -556,7 +557,7 @@ print("break_even_steps: visible cases pass")
 # %% nbgrader={"grade": true, "grade_id": "test_break_even_hidden", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random measurements (about a quarter without any saving), the edges, bad arguments.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_break_even_hidden", globals())
 ### END HIDDEN TESTS
 print("break_even_steps: random measurements")
@@ -716,7 +717,7 @@ print(f"one graph over two epochs of {len(steps) // 2} steps (batch sizes {sorte
 # Hidden tests: random data set and batch sizes (a ragged tail of at least 2), shuffled epochs,
 # no repeated samples, outputs equal to the model's, one graph over two epochs.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab05 as hidden05
+from perflab.labs.lab05 import judges as hidden05
 hidden05.check("test_no_recompile_hidden", globals())
 ### END HIDDEN TESTS
 print("no_recompile_setup: one graph over ragged epochs")

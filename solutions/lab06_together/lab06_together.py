@@ -19,7 +19,7 @@
 # pays on this machine, measures every step against the **original** baseline, checks that the
 # model still learns as well, and ends with your optimization report.
 #
-# **What you write** (the contract, also in `perflab/labs/lab06.py`; the tests call nothing else):
+# **What you write** (the contract, also in `perflab/labs/lab06/__init__.py`; the tests call nothing else):
 #
 # | name | what it must do | points |
 # | --- | --- | --- |
@@ -61,7 +61,8 @@ import numpy as np
 from IPython.display import Image, display
 
 from perflab import dataset, env, phases, report, workload
-from perflab.labs import common, lab06, lab06_checks, lab06_measure, lab06_memory, lab06_report, predict
+from perflab.labs import common, lab06, predict
+from perflab.labs.lab06 import checks as lab06_checks, measure as lab06_measure, memory as lab06_memory, report_inputs as lab06_report
 from perflab.report import figures
 from perflab.report.model import waterfall_steps
 
@@ -130,10 +131,10 @@ print(f"memory budget: {BUDGET / 2**30:.1f} GiB" if BUDGET else "memory budget: 
 # Re-entered where a lab's results are not beside this one: what the reference solutions of labs 2, 3 and
 # 5 decide on this kind of machine (the loader on the core the model's one thread leaves free, lab 3's
 # precision and layout where the hardware runs it, compile on a GPU). That answer key is the grader's
-# (perflab/labs/hidden): a student enters their own lab's measured decision here instead. (Not the hidden
+# (the lab's judges/): a student enters their own lab's measured decision here instead. (Not the hidden
 # tests' import line: the grader's leak guard drops a feedback notebook that quotes one.)
 try:
-    import perflab.labs.hidden.lab06 as hidden06
+    import perflab.labs.lab06.judges as hidden06
 
     _DECIDED = hidden06.reference_decisions(INFO)
 except ImportError:  # the grading sandbox hides the grader's side: what this hardware runs, screened below
@@ -279,7 +280,7 @@ WHY_CUMULATIVE = "the product of the kept changes' screening speedups, each meas
 # Graded on being written (a number and a line of why), never on being right.
 predict.check("PREDICT_CUMULATIVE", PREDICT_CUMULATIVE, "WHY_CUMULATIVE", WHY_CUMULATIVE)
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs.lab06 import judges as hidden06
 hidden06.check("test_predict_cumulative", globals())
 ### END HIDDEN TESTS
 print("prediction written: PREDICT_CUMULATIVE =", PREDICT_CUMULATIVE)
@@ -373,7 +374,7 @@ print("cumulative_speedups:", [(r["name"], round(r["speedup"], 3)) for r in rows
 # %% nbgrader={"grade": true, "grade_id": "test_cumulative_hidden", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
 # Hidden tests: random ablations (other quantiles and seeds too) and the bad inputs.
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs.lab06 import judges as hidden06
 hidden06.check("test_cumulative_hidden", globals())
 ### END HIDDEN TESTS
 print("cumulative_speedups: randomised ablations")
@@ -421,7 +422,7 @@ assert [round(r["step"], 12) for r in table] == [2.0, 2.0] and [round(r["share"]
 lost = ablation_table([{"name": "a", "speedup": 1.5}, {"name": "b", "speedup": 1.0}])
 assert lost[1]["share"] is None and abs(lost[1]["step"] - 2 / 3) < 1e-12, lost
 ### BEGIN HIDDEN TESTS
-from perflab.labs.hidden import lab06 as hidden06
+from perflab.labs.lab06 import judges as hidden06
 hidden06.check("test_ablation_table", globals())
 ### END HIDDEN TESTS
 print("ablation_table: steps and shares")
