@@ -365,7 +365,7 @@ def best_problems(best: Any, mode: str | None = None) -> list[str]:
                                    purpose="not how it is fed")
 
 
-def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None = None) -> Any:
+def verify_best(best: TrainConfig, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure `best` against the baseline in a fresh interpreter with the calibrated bar of this machine,
     judged as the grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
 

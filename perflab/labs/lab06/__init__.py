@@ -447,7 +447,7 @@ def check_accuracy(acc: Mapping[str, Any]) -> None:
 # The graded re-measurement
 
 
-def verify_final(final: TrainConfig, claim: float | None = None, mode: str | None = None) -> Any:
+def verify_final(final: TrainConfig, claim: float | None = None, mode: str | None = None) -> tuple[Any, Any]:
     """Re-measure FINAL against the baseline in a fresh interpreter with the calibrated bar of this machine,
     judged as the grader judges a decision (`common.verify_against_bar(decision=True)`: the keep rule).
 
