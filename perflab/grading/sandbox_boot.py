@@ -34,6 +34,21 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
 
+# What a hidden Python package holds instead: an empty folder would import as an empty namespace package
+# (a lab's `judges/` answering AttributeError where the student's kit answers ModuleNotFoundError).
+HIDDEN_PACKAGE = ('raise ModuleNotFoundError(f"No module named {__name__!r} (the grading sandbox hides it)", '
+                  'name=__name__)\n')
+
+
+def _hide(path: str) -> None:
+    """Cover `path` with an empty read-only tmpfs; a package keeps an `__init__` that refuses its import."""
+    package = os.path.isfile(os.path.join(path, "__init__.py"))
+    _mount("-t", "tmpfs", "-o", "size=64k,mode=0755", "perflab-hidden", path)
+    if package:
+        Path(path, "__init__.py").write_text(HIDDEN_PACKAGE, encoding="utf-8")
+    _mount("-o", "remount,ro", path)
+
+
 def _loopback_up() -> None:
     """A new network namespace has its loopback down; kernels talk to nbclient over it."""
     import fcntl
@@ -73,7 +88,7 @@ def _isolate_files(workdir: str, hide: Sequence[str], binds: Mapping[str, str],
         _mount("--bind", src, target)
         targets.append(target)
     for path in hide:
-        _mount("-t", "tmpfs", "-o", "ro,size=64k,mode=0755", "perflab-hidden", path)
+        _hide(path)
     # What must stay visible inside a private /tmp: the work folder, and the interpreter, the kit and the
     # data folders when they live there (a checkout cloned under /tmp, as CI does; a course's ImageFolder).
     keep = outermost([workdir, sys.prefix, str(Path(__file__).resolve().parents[2]), *data])
